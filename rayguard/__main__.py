@@ -1,0 +1,5 @@
+import sys
+
+from rayguard.cli import main
+
+sys.exit(main())

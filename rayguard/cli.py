@@ -1,0 +1,48 @@
+"""The ``rayguard`` command. Each capability registers its own subcommands.
+
+A capability module exposes ``register(subparsers) -> None``; the parser it adds sets
+``func`` to a callable ``(args) -> int`` (the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module, what it adds). Listed here so `rayguard --help` is complete without scanning.
+_COMMAND_MODULES = (
+    "rayguard.checkpoint.cli",   # rayguard checkpoint verify|ls
+    "rayguard.doctor.cli",       # rayguard doctor
+    "rayguard.placement.cli",    # rayguard topology
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rayguard", description="rayguard: robust PyTorch training on Ray")
+    from rayguard import __version__
+
+    parser.add_argument("--version", action="version", version=f"rayguard {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue  # capability not installed in this build
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

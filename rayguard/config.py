@@ -1,0 +1,112 @@
+"""GuardConfig: everything rayguard does around the user's training loop, validated.
+
+Per-capability settings are nested configs (``health=HealthConfig(...)``) so that the top
+level stays a short list of switches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rayguard.exceptions import config_error
+from rayguard.health.config import HealthConfig
+
+NumaMode = Literal["auto", "strict", "off"]
+LrScaling = Literal["none", "linear", "sqrt"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """What rayguard sets up in each worker and watches during a run."""
+
+    seed: int | None = 0
+    """Base seed. Rank ``r`` seeds ``random``, ``numpy`` and ``torch`` with a distinct,
+    reproducible seed derived from ``(seed, r)`` (``ctx.seed``). ``None``: no seeding."""
+
+    deterministic: bool = False
+    """Also call ``torch.use_deterministic_algorithms(True)`` (and the cuDNN/cuBLAS settings it
+    needs), so that a run repeats bit for bit on the same hardware."""
+
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Progress watchdog, NaN/inf guard and restart budget."""
+
+    numa: NumaMode = "auto"
+    """CPU/memory binding to the GPU's NUMA node: ``"auto"`` binds where it can and logs it,
+    ``"strict"`` fails the start when binding is impossible, ``"off"`` binds nothing."""
+
+    global_batch_size: int | None = None
+    """Samples per optimizer step across all ranks; kept constant when the world size changes
+    (``ctx.grad_accum_steps`` absorbs the change). ``None``: no batch geometry."""
+
+    micro_batch_size: int | None = None
+    """Samples per forward/backward on one rank (required with ``global_batch_size``)."""
+
+    lr_scaling: LrScaling = "none"
+    """Learning-rate rule when the world size changes: ``none``, ``linear`` or ``sqrt``."""
+
+    preflight: bool = True
+    """Run the per-worker subset of ``rayguard doctor`` at worker start-up; an ``error``
+    finding stops the run at once with its message."""
+
+    serializers: bool = True
+    """Register rayguard's tensor serializers in the driver and every worker."""
+
+    faults: str | None = None
+    """Fault-injection spec (see :mod:`rayguard.testing`); ``RAYGUARD_FAULTS`` is read too."""
+
+    controller_poll_interval_s: float = 0.05
+    """Ray Train controller poll interval. Ray's default (2 s) makes every
+    ``ray.train.report`` wait up to 2 s; a value the user sets in
+    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` wins."""
+
+    def __post_init__(self) -> None:
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**63):
+            raise config_error("GuardConfig", "seed", self.seed, "must be an int in [0, 2**63) or None",
+                               "pass e.g. seed=0, or seed=None to leave RNGs alone")
+        if not isinstance(self.deterministic, bool):
+            raise config_error("GuardConfig", "deterministic", self.deterministic, "must be a bool",
+                               "pass deterministic=True or False")
+        if not isinstance(self.health, HealthConfig):
+            raise config_error("GuardConfig", "health", self.health, "must be a rayguard.HealthConfig",
+                               "pass health=rayguard.HealthConfig(...)")
+        if self.numa not in ("auto", "strict", "off"):
+            raise config_error("GuardConfig", "numa", self.numa, 'must be "auto", "strict" or "off"',
+                               'pass numa="auto"')
+        self._check_batch_geometry()
+        if self.lr_scaling not in ("none", "linear", "sqrt"):
+            raise config_error("GuardConfig", "lr_scaling", self.lr_scaling,
+                               'must be "none", "linear" or "sqrt"', 'pass lr_scaling="none"')
+        for name in ("preflight", "serializers"):
+            if not isinstance(getattr(self, name), bool):
+                raise config_error("GuardConfig", name, getattr(self, name), "must be a bool",
+                                   f"pass {name}=True or False")
+        if self.faults is not None:
+            from rayguard.testing.faults import parse_faults
+
+            parse_faults(self.faults)  # raises FaultSpecError naming the bad part
+        if not (isinstance(self.controller_poll_interval_s, (int, float))
+                and 0 < self.controller_poll_interval_s <= 60):
+            raise config_error("GuardConfig", "controller_poll_interval_s",
+                               self.controller_poll_interval_s, "must be in (0, 60] seconds",
+                               "pass e.g. controller_poll_interval_s=0.05")
+
+    def _check_batch_geometry(self) -> None:
+        g, m = self.global_batch_size, self.micro_batch_size
+        for name, value in (("global_batch_size", g), ("micro_batch_size", m)):
+            if value is not None and not (_is_int(value) and value > 0):
+                raise config_error("GuardConfig", name, value, "must be an int > 0 or None",
+                                   f"pass e.g. {name}=64")
+        if (g is None) != (m is None):
+            missing = "micro_batch_size" if m is None else "global_batch_size"
+            raise config_error("GuardConfig", missing, None,
+                               "global_batch_size and micro_batch_size go together",
+                               f"set {missing} too, or neither")
+        if g is not None and m is not None and g % m:
+            raise config_error("GuardConfig", "global_batch_size", g,
+                               f"must be a multiple of micro_batch_size={m}",
+                               f"use e.g. global_batch_size={max(m, g // m * m)}")

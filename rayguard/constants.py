@@ -1,0 +1,53 @@
+"""Every environment variable rayguard reads, with its default, in one place.
+
+Names are ``RAYGUARD_*``. ``KNOWN_ENV_VARS`` is the full set (the doctor flags any other
+``RAYGUARD_*`` name as a likely misspelling); ``ENV_VARS_TO_PROPAGATE`` are copied from the
+driver to the controller and every worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Fault injection spec, e.g. "kill:rank=1,step=5;hang:rank=0,step=9" (see rayguard.testing).
+FAULTS_ENV_VAR = "RAYGUARD_FAULTS"
+DEFAULT_FAULTS = ""
+
+# JSON topology file that replaces discovery (simulate any GPU/NUMA layout).
+TOPOLOGY_ENV_VAR = "RAYGUARD_TOPOLOGY"
+DEFAULT_TOPOLOGY = ""
+
+# Log level of rayguard's own logger.
+LOG_LEVEL_ENV_VAR = "RAYGUARD_LOG_LEVEL"
+DEFAULT_LOG_LEVEL = "INFO"
+
+# Set to "0" to skip registering the tensor serializers in workers.
+SERIALIZERS_ENV_VAR = "RAYGUARD_SERIALIZERS"
+DEFAULT_SERIALIZERS = "1"
+
+# Ray Train's controller poll interval; rayguard lowers it so that reports do not wait
+# for a 2 s poll. A value the user set explicitly is kept.
+RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+# Name of the event log written into the run directory.
+EVENTS_FILENAME = "rayguard_events.jsonl"
+
+KNOWN_ENV_VARS = frozenset(
+    {
+        FAULTS_ENV_VAR,
+        TOPOLOGY_ENV_VAR,
+        LOG_LEVEL_ENV_VAR,
+        SERIALIZERS_ENV_VAR,
+    }
+)
+
+ENV_VARS_TO_PROPAGATE = frozenset({FAULTS_ENV_VAR, TOPOLOGY_ENV_VAR, LOG_LEVEL_ENV_VAR, SERIALIZERS_ENV_VAR})
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def propagated_env() -> dict[str, str]:
+    """The rayguard variables set in this process that workers must see too."""
+    return {k: os.environ[k] for k in ENV_VARS_TO_PROPAGATE if k in os.environ}

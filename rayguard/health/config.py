@@ -1,0 +1,77 @@
+"""HealthConfig: what the progress watchdog, the NaN guard and the Tune health checks watch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from rayguard.exceptions import config_error
+
+NanPolicy = Literal["restart", "fail"]
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Health checks of a training run (``GuardConfig(health=...)``) or a sweep
+    (``rayguard.tune.run(health=...)``)."""
+
+    stall_timeout_s: float | None = None
+    """Seconds without progress (a ``report`` or ``heartbeat``) after which a rank is stuck.
+    ``None``: adaptive, ``stall_timeout_multiplier`` x the slowest step seen so far, never
+    below ``stall_timeout_floor_s``."""
+
+    stall_timeout_multiplier: float = 10.0
+    """Adaptive stall timeout: this many times the slowest step seen so far."""
+
+    stall_timeout_floor_s: float = 300.0
+    """Adaptive stall timeout never goes below this (covers start-up and the first step)."""
+
+    watch_metrics: tuple[str, ...] = ("loss",)
+    """Reported metrics that must stay finite (NaN/inf triggers ``nan_policy``)."""
+
+    nan_policy: NanPolicy = "restart"
+    """On NaN/inf: ``"restart"`` from the last verified checkpoint before the bad value, or
+    ``"fail"`` the run at once with a clear message."""
+
+    max_restarts: int = 3
+    """Restarts allowed (health restarts; also Ray's ``max_failures`` when the user gave no
+    ``FailureConfig``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.watch_metrics, (list, str)):
+            names = (self.watch_metrics,) if isinstance(self.watch_metrics, str) else self.watch_metrics
+            object.__setattr__(self, "watch_metrics", tuple(names))
+        if self.stall_timeout_s is not None and not (
+            isinstance(self.stall_timeout_s, (int, float)) and self.stall_timeout_s > 0
+            and math.isfinite(self.stall_timeout_s)
+        ):
+            raise config_error("HealthConfig", "stall_timeout_s", self.stall_timeout_s,
+                               "must be a finite number of seconds > 0",
+                               "pass e.g. stall_timeout_s=60, or None for the adaptive timeout")
+        if not (isinstance(self.stall_timeout_multiplier, (int, float))
+                and self.stall_timeout_multiplier >= 1):
+            raise config_error("HealthConfig", "stall_timeout_multiplier",
+                               self.stall_timeout_multiplier, "must be >= 1",
+                               "use a generous multiple such as 10")
+        if not (isinstance(self.stall_timeout_floor_s, (int, float)) and self.stall_timeout_floor_s > 0):
+            raise config_error("HealthConfig", "stall_timeout_floor_s", self.stall_timeout_floor_s,
+                               "must be > 0", "use a floor that covers start-up, e.g. 300")
+        if not all(isinstance(m, str) and m for m in self.watch_metrics):
+            raise config_error("HealthConfig", "watch_metrics", self.watch_metrics,
+                               "must be metric names (non-empty strings)",
+                               'pass e.g. watch_metrics=("loss",)')
+        if self.nan_policy not in ("restart", "fail"):
+            raise config_error("HealthConfig", "nan_policy", self.nan_policy,
+                               'must be "restart" or "fail"', 'pass nan_policy="restart"')
+        if not (isinstance(self.max_restarts, int) and not isinstance(self.max_restarts, bool)
+                and self.max_restarts >= 0):
+            raise config_error("HealthConfig", "max_restarts", self.max_restarts,
+                               "must be an int >= 0", "pass e.g. max_restarts=3")
+
+    def stall_timeout_for(self, slowest_step_s: float | None) -> float:
+        """The stall timeout in force, given the slowest step seen so far."""
+        if self.stall_timeout_s is not None:
+            return float(self.stall_timeout_s)
+        adaptive = (slowest_step_s or 0.0) * self.stall_timeout_multiplier
+        return max(self.stall_timeout_floor_s, adaptive)

@@ -1,0 +1,1 @@
+"""What a training function calls inside a worker (being written)."""
