@@ -23,6 +23,7 @@ def start_local_ray(num_cpus: int = LOCAL_NUM_CPUS, **kwargs):
     if ray.is_initialized():
         return ray
     ray.init(
+        address="local",  # never attach to another cluster on this machine
         num_cpus=num_cpus,
         object_store_memory=OBJECT_STORE_BYTES,
         include_dashboard=False,

@@ -9,6 +9,7 @@ from typing import Literal
 from rayguard.exceptions import config_error
 
 NanPolicy = Literal["restart", "fail"]
+Mode = Literal["min", "max"]
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,36 @@ class HealthConfig:
     """Restarts allowed (health restarts; also Ray's ``max_failures`` when the user gave no
     ``FailureConfig``)."""
 
+    # -- checks that look at a trial's series of results (rayguard.tune) ---------------------
+    mode: Mode = "min"
+    """Whether the first watched metric is minimised or maximised (for divergence)."""
+
+    divergence_factor: float | None = 10.0
+    """Diverged when the first watched metric is worse than this factor times the trial's own
+    best and its rolling median (``None`` turns the check off)."""
+
+    window: int = 20
+    """Results in the rolling windows (median, throughput median, memory trend)."""
+
+    min_results: int = 5
+    """Results a trial must have reported before divergence/throughput/memory are judged."""
+
+    throughput_collapse_fraction: float | None = 0.1
+    """Collapsed when results per second fall below this fraction of the trial's own median
+    (``None`` turns the check off)."""
+
+    memory_metrics: tuple[str, ...] = ("memory_bytes", "gpu_memory_bytes")
+    """Reported metrics holding host/GPU memory in bytes, watched for steady growth."""
+
+    memory_growth_fraction: float | None = 0.5
+    """Memory growth: the metric rose at every one of the last ``window`` results and by more
+    than this fraction in total (``None`` turns the check off)."""
+
     def __post_init__(self) -> None:
-        if isinstance(self.watch_metrics, (list, str)):
-            names = (self.watch_metrics,) if isinstance(self.watch_metrics, str) else self.watch_metrics
-            object.__setattr__(self, "watch_metrics", tuple(names))
+        for name in ("watch_metrics", "memory_metrics"):
+            value = getattr(self, name)
+            if isinstance(value, (list, str)):
+                object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         if self.stall_timeout_s is not None and not (
             isinstance(self.stall_timeout_s, (int, float)) and self.stall_timeout_s > 0
             and math.isfinite(self.stall_timeout_s)
@@ -68,6 +95,28 @@ class HealthConfig:
                 and self.max_restarts >= 0):
             raise config_error("HealthConfig", "max_restarts", self.max_restarts,
                                "must be an int >= 0", "pass e.g. max_restarts=3")
+
+        self._check_series_fields()
+
+    def _check_series_fields(self) -> None:
+        if self.mode not in ("min", "max"):
+            raise config_error("HealthConfig", "mode", self.mode, 'must be "min" or "max"',
+                               'pass mode="min" for a loss')
+        for name in ("window", "min_results"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 2):
+                raise config_error("HealthConfig", name, value, "must be an int >= 2",
+                                   f"pass e.g. {name}=20")
+        for name, lo, hi in (("divergence_factor", 1.0, float("inf")),
+                             ("throughput_collapse_fraction", 0.0, 1.0),
+                             ("memory_growth_fraction", 0.0, float("inf"))):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and lo < value <= hi):
+                raise config_error("HealthConfig", name, value, f"must be in ({lo}, {hi}] or None",
+                                   f"pass a value in that range, or {name}=None to turn it off")
+        if not all(isinstance(m, str) and m for m in self.memory_metrics):
+            raise config_error("HealthConfig", "memory_metrics", self.memory_metrics,
+                               "must be metric names", 'pass e.g. memory_metrics=("memory_bytes",)')
 
     def stall_timeout_for(self, slowest_step_s: float | None) -> float:
         """The stall timeout in force, given the slowest step seen so far."""
