@@ -1,0 +1,127 @@
+"""``rayguard topology``: this node's (or every Ray node's) GPU/NUMA topology and the NUMA
+plan rayguard would apply to N workers on it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from rayguard.exceptions import ConfigError
+from rayguard.placement.numa import NodePlan, WorkerRequest, plan_node
+from rayguard.placement.topology import (
+    Topology,
+    discover_topology,
+    format_cpulist,
+    topology_from_dict,
+)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "topology", help="show GPU/NUMA topology and the NUMA binding plan",
+        description="Show this node's GPUs, NUMA nodes and the CPU sets rayguard would bind N "
+                    "workers to. RAYGUARD_TOPOLOGY=<file.json> simulates a topology.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers to plan on each node (default: one per GPU)")
+    p.add_argument("--gpus-per-worker", type=float, default=1.0,
+                   help="GPUs per worker: 0 for CPU workers, 0.5 to share a GPU (default 1)")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0,
+                   help="CPUs Ray reserves per worker (default 1)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address: show every alive node of that cluster")
+    p.set_defaults(func=run)
+
+
+def example_requests(topology: Topology, workers: int | None, gpus_per_worker: float,
+                     cpus_per_worker: float) -> list[WorkerRequest]:
+    """Requests as Ray would place ``workers`` workers on this node, GPUs in index order."""
+    indices = [g.index for g in topology.gpus]
+    if gpus_per_worker < 0 or cpus_per_worker < 0:
+        raise ConfigError("rayguard topology: --gpus-per-worker and --cpus-per-worker must be "
+                          ">= 0. Fix: pass e.g. --gpus-per-worker 1")
+    if workers is None:
+        workers = int(len(indices) / gpus_per_worker) if gpus_per_worker else 0
+    if workers < 0:
+        raise ConfigError(f"rayguard topology --workers={workers}: must be >= 0. Fix: pass 2")
+    reqs = []
+    for i in range(workers):
+        if gpus_per_worker == 0:
+            ids: tuple[str, ...] = ()
+        elif gpus_per_worker >= 1:
+            g = int(gpus_per_worker)
+            ids = tuple(str(x) for x in indices[i * g:(i + 1) * g])
+        else:
+            k = math.floor(i * gpus_per_worker)
+            ids = (str(indices[k]),) if k < len(indices) else ()
+        if gpus_per_worker and len(ids) < max(1, int(gpus_per_worker)):
+            raise ConfigError(f"rayguard topology: {workers} workers x {gpus_per_worker} GPUs "
+                              f"need more than the {len(indices)} GPUs of this node. Fix: pass "
+                              "fewer --workers")
+        reqs.append(WorkerRequest(i, ids, cpus_per_worker))
+    return reqs
+
+
+def _node_text(topo: Topology, plan: NodePlan) -> list[str]:
+    lines = [f"node {topo.hostname} (topology from {topo.source})"]
+    for n in topo.numa_nodes:
+        mem = f", {n.memory_mb} MB" if n.memory_mb is not None else ""
+        dist = " ".join(str(topo.distance(n.id, o)) for o in topo.node_ids())
+        lines.append(f"  NUMA node {n.id}: cpus {format_cpulist(n.cpus) or '-'} "
+                     f"({len(n.cpus)}){mem}, distances {dist}")
+    for g in topo.gpus:
+        numa = "unknown" if g.numa_node < 0 else g.numa_node
+        lines.append(f"  GPU {g.index}: NUMA node {numa}, bus {g.pci_bus_id or '?'}"
+                     + (f", {g.uuid}" if g.uuid else ""))
+    if not topo.gpus:
+        lines.append("  GPUs: none found")
+    lines.append(f"  plan for {len(plan.workers)} worker(s), rank order {list(plan.rank_order)}:")
+    for w in plan.workers:
+        gpus = ",".join(map(str, w.gpu_indices)) or "-"
+        lines.append(f"    local_rank {w.local_rank}: GPU {gpus} -> NUMA node {w.numa_node}, "
+                     f"cpus {format_cpulist(w.cpus)}, {w.threads} thread(s)")
+        lines.extend(f"      note: {note}" for note in w.notes)
+    lines.extend(f"  note: {note}" for note in plan.notes)
+    return lines
+
+
+def _cluster_topologies(address: str) -> list[Topology]:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    def _probe() -> dict[str, Any]:
+        return discover_topology().to_dict()
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = [_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        n["NodeID"], soft=False)).remote() for n in nodes]
+    return [topology_from_dict(d, source=d.get("source", "remote")) for d in ray.get(refs)]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        topologies = _cluster_topologies(args.address) if args.address else [discover_topology()]
+        plans = [plan_node(t, example_requests(t, args.workers, args.gpus_per_worker,
+                                               args.cpus_per_worker)) for t in topologies]
+    except ConfigError as exc:
+        print(f"error: {exc}")
+        return 2
+    if args.json:
+        out = [{"topology": t.to_dict(),
+                "plan": {"rank_order": list(p.rank_order), "notes": list(p.notes),
+                         "workers": [{"local_rank": w.local_rank, "numa_node": w.numa_node,
+                                      "cpus": list(w.cpus), "threads": w.threads,
+                                      "gpus": list(w.gpu_indices), "notes": list(w.notes)}
+                                     for w in p.workers]}}
+               for t, p in zip(topologies, plans, strict=True)]
+        print(json.dumps(out if args.address else out[0], indent=2))
+    else:
+        for t, p in zip(topologies, plans, strict=True):
+            print("\n".join(_node_text(t, p)))
+    return 0
