@@ -1,0 +1,324 @@
+"""HealthCallback: a ``ray.tune.Callback`` that watches every trial and restarts the unhealthy
+ones from their last good checkpoint.
+
+All hooks run in the Tune driver's event loop (the thread that called ``Tuner.fit()``). The
+callback feeds each result to the pure checks (:mod:`rayguard.tune.checks`), turns verdicts
+into decisions (:mod:`rayguard.tune.decisions`) and applies them at the start of the next
+loop turn (:mod:`rayguard.tune.executor`), never in the middle of Tune's result handling.
+A stall needs a timer, since a stalled trial reports nothing: ``on_step_begin``, which Tune
+calls on every loop turn (at least every ~0.1 s), checks the time since each running
+trial's last result.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ray.tune import Callback
+
+from rayguard.health.config import HealthConfig
+from rayguard.tune import events as ev
+from rayguard.tune import executor
+from rayguard.tune.checks import (
+    NONFINITE,
+    RECENT_INTERVALS,
+    Point,
+    Verdict,
+    check_result,
+    check_stall,
+    numeric_metrics,
+)
+from rayguard.tune.decisions import RESTART, CheckpointRecord, Decision, decide, rewind
+from rayguard.tune.verify import checkpoint_is_good
+
+if TYPE_CHECKING:
+    from ray.tune.experiment import Trial
+
+CHECKPOINT_PATH_KEY = "checkpoint_path"
+"""Metric under which Ray Train inside a Tune trial reports its checkpoint's path."""
+MAX_RECORDS = 64
+"""Checkpoint records kept per trial (the newest)."""
+
+
+@dataclass
+class TrialHealth:
+    """What the callback knows about one trial (driver-side, mutable)."""
+
+    trial_id: str
+    points: deque[Point]
+    records: list[CheckpointRecord] = field(default_factory=list)
+    restarts: int = 0
+    best: float | None = None
+    last_progress: float | None = None
+    """``time.monotonic()`` of the last result or start; ``None`` while not running."""
+    last_iteration: int = 0
+    slowest_step_s: float | None = None
+    verdict: Verdict | None = None
+    pending: Decision | None = None
+
+
+@dataclass(frozen=True)
+class TrialStatus:
+    """One trial as :meth:`TuneRun.status` shows it."""
+
+    trial_id: str
+    state: str
+    """Tune's status: PENDING, RUNNING, PAUSED, TERMINATED or ERROR."""
+    last_metrics: dict[str, Any]
+    restarts: int
+    """Health restarts so far."""
+    verdict: Verdict | None
+    """The last unhealthy verdict (``None``: never unhealthy)."""
+    checkpoint_iteration: int | None
+    """Iteration of the newest checkpoint reported."""
+
+
+class HealthCallback(Callback):
+    """Watch each trial of a sweep; restart unhealthy ones from their last good checkpoint.
+
+    Usable on its own: ``Tuner(..., run_config=RunConfig(callbacks=[HealthCallback(h)]))``.
+    """
+
+    def __init__(self, health: HealthConfig | None = None, *,
+                 event_log: ev.EventLog | None = None,
+                 is_good_checkpoint: Callable[[str], bool] = checkpoint_is_good,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.health = health if health is not None else HealthConfig()
+        self.event_log = event_log if event_log is not None else ev.EventLog()
+        self._is_good = is_good_checkpoint
+        self._clock = clock
+        self._history = max(self.health.window, self.health.min_results) + RECENT_INTERVALS + 2
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._controller: Any = None
+        self._trials: list[Trial] = []
+        self._watch: dict[str, TrialHealth] = {}
+        self._stop_requested = False
+        self._stop_applied = False
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled with the Tuner's run config
+        state = self.__dict__.copy()
+        for key in ("_lock", "_controller", "_trials", "_watch"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def _get(self, trial: Trial) -> TrialHealth:
+        watch = self._watch.get(trial.trial_id)
+        if watch is None:
+            watch = TrialHealth(trial.trial_id, deque(maxlen=self._history))
+            self._watch[trial.trial_id] = watch
+        return watch
+
+    def request_stop(self) -> None:
+        """Stop the whole sweep at the next loop turn (any thread may call this)."""
+        self._stop_requested = True
+
+    # -- Tune hooks (driver, Tune's event loop) ----------------------------------------
+    def setup(self, **info: Any) -> None:
+        self._controller = None
+
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        if self._controller is None:
+            self._bind(trials)
+        if self._stop_requested and not self._stop_applied:
+            self._stop_applied = True
+            self.event_log.record(ev.STOP_REQUESTED, None, "stop requested: stopping every "
+                                  "trial gracefully; checkpoints are kept")
+            executor.stop_experiment(self._controller)
+            return
+        now = self._clock()
+        with self._lock:
+            for trial in trials:
+                watch = self._watch.get(trial.trial_id)
+                if watch is None or watch.pending is not None or watch.last_progress is None:
+                    continue
+                if trial.status != "RUNNING":
+                    continue
+                timeout = self.health.stall_timeout_for(watch.slowest_step_s)
+                verdict = check_stall(trial.trial_id, watch.last_progress, now, timeout,
+                                      watch.last_iteration, time.time())
+                if verdict is not None:
+                    self._judge(watch, verdict)
+            due = [(t, self._watch[t.trial_id].pending) for t in trials
+                   if t.trial_id in self._watch and self._watch[t.trial_id].pending]
+        for trial, decision in due:
+            self._apply(trial, decision)
+
+    def _bind(self, trials: list[Trial]) -> None:
+        self._controller = executor.find_controller()
+        self._trials = trials
+        self.event_log.attach(executor.experiment_dir(self._controller))
+        self.event_log.record(ev.SWEEP_STARTED, None, f"health checks on: {self.health}")
+
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial,
+                       **info: Any) -> None:
+        with self._lock:
+            watch = self._get(trial)
+            watch.last_progress = self._clock()
+        self.event_log.record(ev.TRIAL_STARTED, trial.trial_id,
+                              f"trial {trial.trial_id} started", restarts=watch.restarts)
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial,
+                        result: dict, **info: Any) -> None:
+        h = self.health
+        point = Point(int(result.get("training_iteration", 0) or 0), self._clock(),
+                      numeric_metrics(result, (*h.watch_metrics, *h.memory_metrics)),
+                      result.get("time_this_iter_s"))
+        with self._lock:
+            watch = self._get(trial)
+            watch.last_progress = point.time
+            watch.last_iteration = point.iteration
+            if point.interval_s is not None:
+                watch.slowest_step_s = max(watch.slowest_step_s or 0.0, point.interval_s)
+            if watch.pending is not None:
+                return
+            verdict = check_result(trial.trial_id, watch.points, point, h, time.time(),
+                                   watch.best)
+            if verdict is None or verdict.check != NONFINITE:
+                self._push(watch, point)
+            if result.get(CHECKPOINT_PATH_KEY):
+                self._record_path(watch, point.iteration, str(result[CHECKPOINT_PATH_KEY]),
+                                  result)
+            if verdict is not None:
+                self._judge(watch, verdict)
+
+    def _push(self, watch: TrialHealth, point: Point) -> None:
+        if len(watch.points) == watch.points.maxlen:
+            self._update_best(watch, watch.points[0])
+        watch.points.append(point)
+
+    def _update_best(self, watch: TrialHealth, point: Point) -> None:
+        value = point.metrics.get(self.health.watch_metrics[0])
+        if value is None:
+            return
+        pick = min if self.health.mode == "min" else max
+        watch.best = value if watch.best is None else pick(watch.best, value)
+
+    def on_trial_save(self, iteration: int, trials: list[Trial], trial: Trial,
+                      **info: Any) -> None:
+        result = trial.latest_checkpoint_result
+        if result is None or result.checkpoint is None:
+            return
+        it = int((result.metrics or {}).get("training_iteration", 0) or 0)
+        with self._lock:
+            watch = self._get(trial)
+            if watch.records and watch.records[-1].path == result.checkpoint.path:
+                return
+            watch.records.append(CheckpointRecord(it, result.checkpoint.path, result))
+            del watch.records[:-MAX_RECORDS]
+
+    def _record_path(self, watch: TrialHealth, iteration: int, path: str,
+                     result: dict) -> None:
+        from ray.train._internal.session import _TrainingResult
+        from ray.tune import Checkpoint
+
+        metrics = {k: v for k, v in result.items() if k != "config"}
+        source = _TrainingResult(checkpoint=Checkpoint(path), metrics=metrics)
+        watch.records.append(CheckpointRecord(iteration, path, source))
+        del watch.records[:-MAX_RECORDS]
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
+                          **info: Any) -> None:
+        self._ended(trial, ev.TRIAL_COMPLETED, "completed")
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial,
+                       **info: Any) -> None:
+        self._ended(trial, ev.TRIAL_ERRORED, "errored")
+
+    def _ended(self, trial: Trial, kind: str, how: str) -> None:
+        with self._lock:
+            watch = self._get(trial)
+            watch.last_progress = None
+            restarts = watch.restarts
+        self.event_log.record(kind, trial.trial_id, f"trial {trial.trial_id} {how}",
+                              restarts=restarts)
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self.event_log.record(ev.SWEEP_FINISHED, None, "sweep finished",
+                              states={t.trial_id: t.status for t in trials})
+
+    # -- verdicts and decisions -----------------------------------------------------------
+    def _judge(self, watch: TrialHealth, verdict: Verdict) -> None:
+        """Record the verdict and plan the decision (lock held)."""
+        watch.verdict = verdict
+        watch.pending = decide(verdict, watch.restarts, self.health, watch.records,
+                               self._is_good)
+        self.event_log.record(ev.UNHEALTHY, verdict.trial_id, verdict.detail,
+                              verdict=verdict.to_dict())
+
+    def _apply(self, trial: Trial, decision: Decision) -> None:
+        with self._lock:
+            watch = self._get(trial)
+            watch.pending = None
+        if trial.status != "RUNNING":
+            self.event_log.record(ev.SKIPPED, trial.trial_id,
+                                  f"not acting on {decision.verdict.check}: trial is "
+                                  f"{trial.status}", action=decision.action)
+            return
+        ckpt = decision.checkpoint
+        if decision.action == RESTART:
+            executor.restart_trial(self._controller, trial, ckpt, decision.reason)
+            with self._lock:
+                watch.restarts = decision.restarts
+                points, watch.records = rewind(list(watch.points), watch.records, ckpt)
+                watch.points.clear()
+                watch.best = None
+                for p in points:
+                    self._push(watch, p)
+                    self._update_best(watch, p)
+                watch.last_progress = None
+                watch.last_iteration = ckpt.iteration if ckpt else 0
+            self.event_log.record(ev.RESTART, trial.trial_id, decision.reason,
+                                  check=decision.verdict.check, restarts=decision.restarts,
+                                  checkpoint_iteration=ckpt.iteration if ckpt else None,
+                                  checkpoint_path=ckpt.path if ckpt else None)
+        else:
+            self.event_log.record(ev.FAILED, trial.trial_id, decision.reason,
+                                  check=decision.verdict.check, restarts=decision.restarts)
+            executor.fail_trial(self._controller, trial, decision.reason)
+
+    # -- reading (any thread) -------------------------------------------------------------
+    def status(self) -> dict[str, TrialStatus]:
+        out: dict[str, TrialStatus] = {}
+        with self._lock:
+            trials = list(self._trials)
+            watches = dict(self._watch)
+        for trial in trials:
+            watch = watches.get(trial.trial_id)
+            last = dict(trial.last_result or {})
+            last.pop("config", None)
+            records = watch.records if watch else []
+            out[trial.trial_id] = TrialStatus(
+                trial.trial_id, str(trial.status), last, watch.restarts if watch else 0,
+                watch.verdict if watch else None,
+                records[-1].iteration if records else None)
+        return out
+
+    # -- experiment checkpoints (resume) ------------------------------------------------
+    def get_state(self) -> dict[str, Any] | None:
+        with self._lock:
+            return {"restarts": {k: w.restarts for k, w in self._watch.items()},
+                    "records": {k: list(w.records) for k, w in self._watch.items()},
+                    "events": self.event_log.events()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            for trial_id, restarts in state.get("restarts", {}).items():
+                watch = self._watch.setdefault(
+                    trial_id, TrialHealth(trial_id, deque(maxlen=self._history)))
+                watch.restarts = restarts
+                watch.records = list(state.get("records", {}).get(trial_id, []))
+        if len(self.event_log) == 0:
+            self.event_log.extend(list(state.get("events", [])))

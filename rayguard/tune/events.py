@@ -1,0 +1,138 @@
+"""The sweep's events: what the health callback saw and did, one record per happening.
+
+An :class:`EventLog` lives in the driver, is shared by the callback (writer) and the
+:class:`~rayguard.tune.handle.TuneRun` handle (reader, any thread), and appends each event
+as one JSON line to ``<experiment dir>/rayguard_sweep_events.jsonl`` once the directory
+is known.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "rayguard_sweep_events.jsonl"
+
+# kinds
+SWEEP_STARTED = "sweep_started"
+TRIAL_STARTED = "trial_started"
+UNHEALTHY = "unhealthy"
+RESTART = "restart"
+RESTORED = "restored"
+FAILED = "failed"
+SKIPPED = "skipped"
+TRIAL_COMPLETED = "trial_completed"
+TRIAL_ERRORED = "trial_errored"
+STOP_REQUESTED = "stop_requested"
+SWEEP_FINISHED = "sweep_finished"
+
+
+@dataclass(frozen=True)
+class SweepEvent:
+    """One thing that happened in a sweep."""
+
+    time: float
+    """``time.time()`` when it happened."""
+    kind: str
+    """One of the kinds above (``unhealthy``, ``restart``, ``failed``, ...)."""
+    trial_id: str | None
+    detail: str
+    """A sentence a person can read."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """Machine-readable fields (the verdict, the checkpoint iteration, ...)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class EventLog:
+    """Thread-safe, append-only list of :class:`SweepEvent` with an optional JSONL file."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[SweepEvent] = []
+        self._path: Path | None = None
+
+    def attach(self, directory: str | None) -> None:
+        """Also write events (past and future) to ``directory``/:data:`EVENTS_FILE`."""
+        if directory is None or "://" in directory:
+            return
+        with self._lock:
+            if self._path is not None:
+                return
+            self._path = Path(directory) / EVENTS_FILE
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._write(self._events)
+
+    def record(self, kind: str, trial_id: str | None, detail: str,
+               **data: Any) -> SweepEvent:
+        event = SweepEvent(time.time(), kind, trial_id, detail, data)
+        with self._lock:
+            self._events.append(event)
+            if self._path is not None:
+                self._write([event])
+        return event
+
+    def extend(self, events: list[SweepEvent]) -> None:
+        """Add events recorded earlier (a resumed sweep's history), keeping their times."""
+        with self._lock:
+            self._events.extend(events)
+            if self._path is not None:
+                self._write(events)
+
+    def _write(self, events: list[SweepEvent]) -> None:
+        assert self._path is not None
+        try:
+            with self._path.open("a") as f:
+                for event in events:
+                    f.write(json.dumps(_json_safe(event.to_dict()), default=str) + "\n")
+        except OSError:
+            pass  # the log in memory stays complete; the file is a convenience
+
+    def events(self, kind: str | None = None, trial_id: str | None = None
+               ) -> list[SweepEvent]:
+        with self._lock:
+            out = list(self._events)
+        return [e for e in out if (kind is None or e.kind == kind)
+                and (trial_id is None or e.trial_id == trial_id)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled with the Tuner's run config
+        return {"events": self.events(), "path": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._lock = threading.Lock()
+        self._events = list(state["events"])
+        self._path = state["path"]
+
+
+def read(path: str | Path) -> list[SweepEvent]:
+    """The events of a sweep from its experiment directory (or the file itself)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / EVENTS_FILE
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            d = json.loads(line)
+            out.append(SweepEvent(d["time"], d["kind"], d.get("trial_id"), d["detail"],
+                                  d.get("data", {})))
+    return out

@@ -1,0 +1,135 @@
+"""Applies health decisions to a running Ray Tune experiment (the only module that touches
+Tune's internals).
+
+Ray Tune has no public API to restart a trial from a chosen checkpoint, so this module uses
+the internals of Ray 2.60's ``TuneController`` the same way Tune's own failure recovery
+(``TuneController._try_recover``) does:
+
+* ``TuneController._trial_to_actor``, ``_actor_manager.remove_actor(kill=True)``,
+  ``_actor_manager.is_actor_started``: end the trial's actor at once (a stalled one too);
+* ``TuneController._schedule_trial_stop(trial, exception=...)``,
+  ``_requeue_trial(trial)``, ``_cached_trial_decisions``, ``_queued_trial_decisions``:
+  stop the trial and put it back in the queue as PENDING;
+* ``trial.run_metadata.checkpoint_manager._latest_checkpoint_result`` and
+  ``._checkpoint_results``: the checkpoint Tune restores the requeued trial from;
+* ``_scheduler_alg``, ``_search_alg``, ``_callbacks``, ``_iteration``, ``_trials``:
+  to end a trial as errored the way ``_process_trial_failure`` does;
+* the controller itself is found by walking up the callback's call stack.
+
+Every access is guarded: a Ray version without them raises :class:`TuneInternalsError`
+naming the missing attribute instead of failing somewhere inside Tune.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from rayguard.exceptions import HealthError
+from rayguard.tune.decisions import CheckpointRecord
+
+if TYPE_CHECKING:
+    from ray.tune.experiment import Trial
+
+CONTROLLER_ATTRS = (
+    "_trial_to_actor", "_actor_manager", "_schedule_trial_stop", "_requeue_trial",
+    "_cached_trial_decisions", "_queued_trial_decisions", "_scheduler_alg", "_search_alg",
+    "_callbacks", "_trials", "request_stop_experiment",
+)
+
+
+class TuneInternalsError(HealthError):
+    """The installed Ray Tune lacks an internal rayguard.tune relies on (tested: 2.60)."""
+
+
+class HealthRestart(HealthError):
+    """Why a trial was stopped and requeued by a health check (recorded in its error file
+    only when the restart budget is spent)."""
+
+
+def _missing(obj: object, names: tuple[str, ...], what: str) -> None:
+    absent = [n for n in names if not hasattr(obj, n)]
+    if absent:
+        import ray
+
+        raise TuneInternalsError(
+            f"rayguard.tune needs {what}.{', '.join(absent)} from Ray Tune, which Ray "
+            f"{ray.__version__} does not have. rayguard.tune is tested with ray 2.60: "
+            "install ray 2.60, or pass health=None to run without health restarts")
+
+
+def find_controller(max_depth: int = 10) -> Any:
+    """The ``TuneController`` that is calling the current callback hook."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            break
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, TuneController):
+            _missing(candidate, CONTROLLER_ATTRS, "TuneController")
+            return candidate
+        frame = frame.f_back
+    raise TuneInternalsError(
+        "HealthCallback could not find the Ray Tune controller calling it. Use it as a "
+        "callback of a Tuner (RunConfig(callbacks=[...])) or through rayguard.tune.run")
+
+
+def experiment_dir(controller: Any) -> str | None:
+    """The experiment's driver-side directory, where the sweep event file goes."""
+    storage = getattr(controller, "_storage", None)
+    return getattr(storage, "experiment_driver_staging_path", None)
+
+
+def _end_actor(controller: Any, trial: Trial, exception: Exception) -> None:
+    """Stop the trial (status ERROR) and kill its actor now, stalled or not."""
+    controller._cached_trial_decisions.pop(trial.trial_id, None)
+    controller._queued_trial_decisions.pop(trial.trial_id, None)
+    trial.temporary_state.saving_to = None
+    tracked = controller._trial_to_actor.get(trial)
+    controller._schedule_trial_stop(trial, exception=exception)
+    manager = controller._actor_manager
+    if tracked is not None and manager.is_actor_started(tracked):
+        # _schedule_trial_stop asked the actor to stop after its current task; a stalled
+        # task never ends, so kill it (processed first thing in the next event loop turn).
+        manager.remove_actor(tracked, kill=True)
+
+
+def set_restore_point(trial: Trial, checkpoint: CheckpointRecord | None) -> None:
+    """Make Tune restore ``trial`` from ``checkpoint`` (``None``: from scratch)."""
+    manager = trial.run_metadata.checkpoint_manager
+    _missing(manager, ("_latest_checkpoint_result", "_checkpoint_results"),
+             "_CheckpointManager")
+    upto = checkpoint.iteration if checkpoint else 0
+    manager._checkpoint_results = [
+        r for r in manager._checkpoint_results
+        if (r.metrics or {}).get("training_iteration", 0) <= upto]
+    manager._latest_checkpoint_result = checkpoint.source if checkpoint else None
+    trial.invalidate_json_state()
+    trial.run_metadata.invalidate_cache()
+
+
+def restart_trial(controller: Any, trial: Trial, checkpoint: CheckpointRecord | None,
+                  reason: str) -> None:
+    """End the trial's actor and requeue the trial (PENDING) to restore ``checkpoint``."""
+    _end_actor(controller, trial, HealthRestart(reason))
+    set_restore_point(trial, checkpoint)
+    controller._requeue_trial(trial)
+
+
+def fail_trial(controller: Any, trial: Trial, reason: str) -> None:
+    """End the trial as errored with ``reason`` (as Tune ends a trial out of retries)."""
+    error = HealthError(reason)
+    trial.handle_error(error)
+    controller._has_errored = True
+    controller._scheduler_alg.on_trial_error(controller, trial)
+    controller._search_alg.on_trial_complete(trial.trial_id, error=True)
+    _end_actor(controller, trial, error)
+    controller._callbacks.on_trial_error(iteration=getattr(controller, "_iteration", 0),
+                                         trials=controller._trials, trial=trial)
+
+
+def stop_experiment(controller: Any) -> None:
+    """Stop every trial gracefully (they keep their checkpoints) and the search."""
+    controller.request_stop_experiment()

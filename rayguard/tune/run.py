@@ -1,0 +1,82 @@
+"""``rayguard.tune.run``: start a Tune sweep with health checks and return at once."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rayguard.exceptions import config_error
+from rayguard.health.config import HealthConfig
+from rayguard.tune.callback import HealthCallback
+from rayguard.tune.handle import TuneRun
+
+
+def _register_serializers() -> None:
+    """rayguard's tensor serializers in the driver, when that module is installed."""
+    try:
+        from rayguard.serialization import register_tensor_serializers  # type: ignore
+    except ImportError:
+        return
+    register_tensor_serializers()
+
+
+def _with_callback(callbacks: list[Any] | None, callback: HealthCallback) -> list[Any]:
+    """``callbacks`` with ``callback`` in place of any HealthCallback (same position, so a
+    resumed sweep hands it the saved state), or appended."""
+    out = list(callbacks or [])
+    for i, existing in enumerate(out):
+        if isinstance(existing, HealthCallback):
+            out[i] = callback
+            return out
+    return [*out, callback]
+
+
+def _experiment_path(run_config: Any) -> str:
+    from ray.train._internal.storage import StorageContext
+
+    storage = StorageContext(storage_path=run_config.storage_path,
+                             experiment_dir_name=run_config.name,
+                             storage_filesystem=run_config.storage_filesystem)
+    return storage.experiment_fs_path
+
+
+def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
+        tune_config: Any = None, run_config: Any = None,
+        health: HealthConfig | None = None, restore: str | None = None,
+        resume_errored: bool = True) -> TuneRun:
+    """Start a sweep (``Tuner(...).fit()``) in the background and return its handle.
+
+    Args:
+        trainable: what ``ray.tune.Tuner`` accepts (a function, a Trainable class, ...).
+        param_space, tune_config, run_config: as for ``ray.tune.Tuner``. ``run_config``
+            gets the health callback appended to its callbacks (the caller's is not changed).
+        health: the checks and restart budget; ``None`` means ``HealthConfig()``.
+        restore: an experiment directory to resume (``TuneRun.experiment_path`` of an
+            earlier run); the stored run and tune configs are used, as ``Tuner.restore``
+            does, and ``run_config``/``tune_config`` must be left out.
+        resume_errored: when restoring, resume errored trials from their checkpoints.
+    """
+    from ray import tune
+
+    health = health if health is not None else HealthConfig()
+    if not isinstance(health, HealthConfig):
+        raise config_error("rayguard.tune.run", "health", health, "must be a HealthConfig",
+                           "pass health=rayguard.HealthConfig(...)")
+    _register_serializers()
+    callback = HealthCallback(health)
+    if restore is not None:
+        if run_config is not None or tune_config is not None:
+            raise config_error("rayguard.tune.run", "run_config/tune_config",
+                               "given with restore", "a resumed sweep keeps its stored configs",
+                               "leave run_config and tune_config out when passing restore=")
+        tuner = tune.Tuner.restore(restore, trainable, resume_errored=resume_errored,
+                                   param_space=param_space)
+        stored = tuner._local_tuner.get_run_config()  # the unpickled RunConfig
+        stored.callbacks = _with_callback(stored.callbacks, callback)
+    else:
+        run_config = copy.copy(run_config) if run_config is not None else tune.RunConfig()
+        run_config.callbacks = _with_callback(run_config.callbacks, callback)
+        tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
+                           run_config=run_config)
+        stored = tuner._local_tuner.get_run_config()
+    return TuneRun(tuner, callback, _experiment_path(stored))
