@@ -1,6 +1,167 @@
-"""RobustTrainer (being written)."""
+"""RobustTrainer: Ray Train's TorchTrainer with rayguard's set-up and watch around every worker.
+
+Thin by design: the worker-side pipeline is :mod:`rayguard.train.setup`, the failure policy
+:mod:`rayguard.health.failure_policy`, the controller-side hooks
+:mod:`rayguard.train.callbacks`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ray.train import FailureConfig, Result, RunConfig
 from ray.train.torch import TorchTrainer
+
+from rayguard.config import GuardConfig
+from rayguard.constants import RAY_TRAIN_POLL_INTERVAL_ENV_VAR, propagated_env
+from rayguard.events import events_path, make_event
+from rayguard.exceptions import ConfigError
+
+logger = logging.getLogger("rayguard")
+
+
+def _with_restart_budget(run_config: RunConfig | None, guard: GuardConfig) -> RunConfig:
+    """Ray's default is no restart at all; without an explicit FailureConfig, allow
+    ``guard.health.max_restarts``."""
+    run_config = run_config or RunConfig()
+    if run_config.failure_config == FailureConfig():
+        run_config.failure_config = FailureConfig(max_failures=guard.health.max_restarts)
+    return run_config
 
 
 class RobustTrainer(TorchTrainer):
-    pass
+    """A drop-in ``TorchTrainer`` whose workers are pinned, seeded, bound, watched and
+    checkpointed with verification. Takes every ``TorchTrainer`` argument plus
+    ``guard_config``."""
+
+    def __init__(self, train_loop_per_worker: Any, *, guard_config: GuardConfig | None = None,
+                 run_config: RunConfig | None = None, **kwargs: Any) -> None:
+        if guard_config is None:
+            guard_config = GuardConfig()
+        if not isinstance(guard_config, GuardConfig):
+            raise ConfigError(
+                f"RobustTrainer(guard_config={guard_config!r}): must be a rayguard.GuardConfig. "
+                "Fix: pass guard_config=rayguard.GuardConfig(...) or leave it out."
+            )
+        self.guard_config = guard_config
+        self._coordinator: Any = None
+        super().__init__(train_loop_per_worker,
+                         run_config=_with_restart_budget(run_config, guard_config), **kwargs)
+
+    # -- paths -------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> str:
+        """The run directory (``Result.path``)."""
+        return self.run_config.storage_context.experiment_fs_path
+
+    def _local_run_dir(self) -> str:
+        from pyarrow.fs import LocalFileSystem
+
+        storage = self.run_config.storage_context
+        if not isinstance(storage.storage_filesystem, LocalFileSystem):
+            raise ConfigError(
+                f"RunConfig(storage_path={self.run_config.storage_path!r}): rayguard's verified "
+                "checkpoints and event log need a local or shared (NFS) filesystem path in this "
+                "version. Fix: mount the bucket (e.g. with a FUSE driver) and pass its local "
+                "path, or use a shared filesystem path."
+            )
+        return storage.experiment_fs_path
+
+    # -- Ray Train hooks ----------------------------------------------------------------
+    def _get_train_func(self):
+        from rayguard.train.setup import GuardedTrainFn
+
+        inner = super()._get_train_func()
+        if self.running_in_local_mode:
+            return inner
+        return GuardedTrainFn(inner, self.guard_config, self._coordinator, self._local_run_dir())
+
+    def _create_default_callbacks(self):
+        from rayguard.train.callbacks import RayGuardCallback
+
+        callbacks = super()._create_default_callbacks()
+        if self._coordinator is not None:
+            callbacks.append(RayGuardCallback(self._coordinator))
+        return callbacks
+
+    def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Result:
+        from rayguard.health.failure_policy import GuardFailurePolicy
+
+        controller_init_kwargs["failure_policy"] = GuardFailurePolicy(
+            self.run_config.failure_config)
+        scaling_policy = self._scaling_policy()
+        if scaling_policy is not None:
+            controller_init_kwargs["scaling_policy"] = scaling_policy
+        return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+    def _scaling_policy(self) -> Any:
+        """Elastic runs only use world sizes that keep the global batch exact."""
+        if self.guard_config.global_batch_size is None:
+            return None
+        try:
+            from rayguard.elastic.scaling import make_scaling_policy
+        except ImportError:
+            return None
+        return make_scaling_policy(self.scaling_config, self.guard_config)
+
+    # -- fit -------------------------------------------------------------------------------
+    def fit(self) -> Result:
+        if self.running_in_local_mode:
+            return super().fit()
+        import ray
+
+        from rayguard.train.coordinator import start_coordinator
+
+        if not ray.is_initialized():
+            ray.init()
+        self._register_driver_serializers()
+        run_dir = self._local_run_dir()
+        os.makedirs(run_dir, exist_ok=True)
+        self._coordinator = start_coordinator(str(events_path(run_dir)))
+        coordinator = self._coordinator
+        saved_env = self._set_env()
+        coordinator.record.remote(make_event(
+            "start", f"fit() started: {self.scaling_config.num_workers} worker(s), run dir {run_dir}",
+            guard_config=repr(self.guard_config)))
+        try:
+            result = super().fit()
+        except BaseException as exc:
+            ray.get(coordinator.record.remote(make_event(
+                "failed", f"run failed: {type(exc).__name__}: {str(exc)[:2000]}")))
+            raise
+        else:
+            ray.get(coordinator.record.remote(make_event("finished", "run finished")))
+            return result
+        finally:
+            self._restore_env(saved_env)
+            ray.kill(coordinator)
+            self._coordinator = None
+
+    def _set_env(self) -> dict[str, str | None]:
+        """Variables the controller and workers must see (Ray propagates the controller's
+        environment to its workers)."""
+        wanted = dict(propagated_env())
+        if RAY_TRAIN_POLL_INTERVAL_ENV_VAR not in os.environ:
+            wanted[RAY_TRAIN_POLL_INTERVAL_ENV_VAR] = str(self.guard_config.controller_poll_interval_s)
+        saved = {k: os.environ.get(k) for k in wanted}
+        os.environ.update(wanted)
+        return saved
+
+    @staticmethod
+    def _restore_env(saved: dict[str, str | None]) -> None:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def _register_driver_serializers(self) -> None:
+        if not self.guard_config.serializers:
+            return
+        try:
+            from rayguard.serialization import register_tensor_serializers
+        except ImportError:
+            return
+        register_tensor_serializers()

@@ -1,1 +1,66 @@
-"""What a training function calls inside a worker (being written)."""
+"""What a training function calls inside a RobustTrainer worker.
+
+>>> ctx = rayguard.train.get_context()          # rank, device, seed, attempt, ...
+>>> state = rayguard.train.load_state()         # newest verified checkpoint, or None
+>>> rayguard.train.report({"loss": loss}, state={"model": model.state_dict(), "step": step})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rayguard.exceptions import RayGuardError
+from rayguard.train.context import GuardContext, get_context
+
+if TYPE_CHECKING:
+    from rayguard.train.session import WorkerSession
+
+__all__ = ["ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_state", "report"]
+
+
+def _session() -> WorkerSession:
+    from rayguard.train.setup import current_session
+
+    session = current_session()
+    if session is None:
+        raise RayGuardError(
+            "rayguard.train.report/heartbeat/load_state was called outside a rayguard worker. "
+            "Fix: call it inside the training function passed to rayguard.RobustTrainer."
+        )
+    return session
+
+
+def report(metrics: dict[str, Any], *, state: Any = None, step: int | None = None) -> None:
+    """Report metrics (returns at once; forwarded to ``ray.train.report`` in order) and, with
+    ``state``, take a coordinated, checksum-verified checkpoint of it.
+
+    ``state``: this rank's state (tensors and plain containers). Ranks that pass ``None``
+    write nothing (the DDP case: rank 0 holds the replicated model).
+    ``step``: the training step (default ``metrics['step']``, ``state['step']``, or one past
+    the last report). NaN/inf in the watched metrics raise before anything is saved.
+    """
+    _session().report(metrics, state=state, step=step)
+
+
+def heartbeat() -> None:
+    """Tell the progress watchdog this rank is alive during a long step."""
+    _session().heartbeat()
+
+
+def load_state() -> Any:
+    """This rank's state from the newest checkpoint that verifies (``None`` on a fresh start).
+
+    Checkpoints that fail verification are skipped with a warning, recorded in the event
+    log, and never tried again. RNG states saved with it are restored.
+    """
+    from rayguard.train.checkpointing import load_state as _load
+
+    return _load(_session())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ElasticSampler":
+        from rayguard.elastic import ElasticSampler
+
+        return ElasticSampler
+    raise AttributeError(name)

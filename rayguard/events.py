@@ -1,0 +1,77 @@
+"""The run's event log: ``rayguard_events.jsonl`` in the run directory (``Result.path``).
+
+One JSON object a line with at least ``time``, ``kind``, ``rank``, ``node``, ``step``,
+``attempt`` and a human ``detail``. Kinds: ``start``, ``attempt_started``,
+``checkpoint_committed``, ``checkpoint_rejected``, ``stall_detected``, ``nan_detected``,
+``worker_died``, ``restart``, ``restored``, ``failed``, ``finished`` (and ``preflight_error``,
+``fault_injected``). A person should be able to tell what happened from this file alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rayguard.constants import EVENTS_FILENAME
+
+KINDS = (
+    "start", "attempt_started", "checkpoint_committed", "checkpoint_rejected",
+    "stall_detected", "nan_detected", "worker_died", "restart", "restored", "failed",
+    "finished", "preflight_error", "fault_injected",
+)
+
+
+def make_event(kind: str, detail: str, *, rank: int | None = None, node: str | None = None,
+               step: int | None = None, attempt: int | None = None, **extra: Any) -> dict[str, Any]:
+    """Build one event record (``time`` is wall-clock seconds since the epoch)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(KINDS)}")
+    event = {"time": time.time(), "kind": kind, "rank": rank, "node": node, "step": step,
+             "attempt": attempt, "detail": detail}
+    event.update(extra)
+    return event
+
+
+class EventLog:
+    """Appends events to a JSONL file; safe to call from several threads of one process."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def append(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, default=str, sort_keys=True) + "\n"
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+
+
+def events_path(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / EVENTS_FILENAME
+
+
+def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The events of a run, oldest first. ``path``: the run directory or the JSONL file."""
+    p = Path(path)
+    if p.is_dir():
+        p = events_path(p)
+    if not p.exists():
+        raise FileNotFoundError(
+            f"no rayguard event log at {p}. Fix: pass the run directory (Result.path) of a "
+            "run started with rayguard.RobustTrainer, or the path of its "
+            f"{EVENTS_FILENAME}."
+        )
+    events = []
+    with open(p, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                events.append(json.loads(line))
+    events.sort(key=lambda e: e.get("time", 0.0))
+    return events

@@ -1,0 +1,129 @@
+"""Coordinated checkpoints inside a worker: ``report(state=...)`` and ``load_state()``.
+
+Commit protocol (every rank runs it; ranks agree through the run's coordinator):
+
+1. every rank says whether it has a state (a gather); if none has, nothing is saved;
+2. each rank writes its shard into ``<run>/.staging-<name>/``, hashing while writing; ranks
+   without a state write only their RNG state (a few KiB) so the run resumes exactly;
+3. the shard records (files, sizes, digests, or the error) are gathered; rank 0 writes the
+   manifest last and atomically, then renames staging -> ``<run>/<name>/`` (the commit);
+4. rank 0 hands the committed directory to ``ray.train.report`` (no upload: it is already
+   in the run directory), so ``CheckpointConfig(num_to_keep=...)`` and ``Result`` work.
+
+A crash at any moment leaves either a committed, verified checkpoint or a staging directory
+that no reader accepts and the next start removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from rayguard.exceptions import CheckpointError
+
+if TYPE_CHECKING:
+    from rayguard.train.session import WorkerSession
+
+logger = logging.getLogger("rayguard")
+
+_META = "__rayguard__"
+STAGING_PREFIX = ".staging-"
+
+
+def checkpoint_name(step: int, attempt: int) -> str:
+    return f"checkpoint_{step:09d}_a{attempt}"
+
+
+def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
+    """Run the commit protocol if any rank passed a state; returns the Ray ``Checkpoint``
+    for rank 0 (``None`` on other ranks or when nothing was saved)."""
+    from rayguard import checkpoint as ck
+
+    ctx = session.ctx
+    tag = f"report{session.report_count}"
+    intents = session.gather(f"{tag}:intent", (state is not None, step))
+    if not any(has for has, _ in intents):
+        return None
+    step = intents[0][1]
+    name = checkpoint_name(step, ctx.attempt)
+    staging = os.path.join(ctx.run_dir, STAGING_PREFIX + name)
+    final = os.path.join(ctx.run_dir, name)
+    payload = {_META: {"rng": ck.capture_rng_state(), "has_state": state is not None},
+               "state": ck.strip_ddp_prefix(state) if state is not None else None}
+    try:
+        record: Any = ck.write_shard(staging, ctx.rank, payload)
+    except Exception as exc:
+        record = CheckpointError(f"rank {ctx.rank} on node {ctx.node_id}: {exc}")
+    records = session.gather(f"{tag}:records", record)
+    failures = [r for r in records if isinstance(r, BaseException)]
+    if failures:
+        if ctx.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(
+            f"checkpoint of step {step} was not saved (earlier checkpoints are intact): "
+            + "; ".join(str(f) for f in failures))
+    if ctx.rank != 0:
+        return None
+    path = ck.commit(staging, final, records, world_size=ctx.world_size, step=step,
+                     metadata={"attempt": ctx.attempt})
+    total = sum(f.size for r in records for f in r.files)
+    session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
+                   f"{len(records)} shard(s))", step=step, path=str(path), bytes=total)
+    from ray.train import Checkpoint
+
+    return Checkpoint.from_directory(str(path))
+
+
+def _choose_checkpoint(session: WorkerSession) -> str | None:
+    """Rank 0: newest checkpoint that verifies; rejections are logged and remembered."""
+    import ray
+
+    from rayguard import checkpoint as ck
+
+    ctx = session.ctx
+    ck.cleanup_staging(ctx.run_dir)
+    rejected: dict[str, str] = {}
+    if session.coordinator is not None:
+        rejected = ray.get(session.coordinator.rejected_checkpoints.remote())
+    found = ck.find_latest_valid(ctx.run_dir, skip=set(rejected))
+    for path, why in found.rejected:
+        session.record("checkpoint_rejected", f"{path}: {why}", path=str(path))
+        if session.coordinator is not None:
+            session.coordinator.reject_checkpoint.remote(str(path), why)
+    return None if found.path is None else str(found.path)
+
+
+def load_state(session: WorkerSession) -> Any:
+    from rayguard import checkpoint as ck
+
+    ctx = session.ctx
+    session.injector.on_load()
+    session.load_count = getattr(session, "load_count", 0) + 1
+    chosen = _choose_checkpoint(session) if ctx.rank == 0 else None
+    chosen = session.gather(f"load{session.load_count}", chosen)[0]
+    session.watchdog.heartbeat()
+    if chosen is None:
+        return None
+    own = ck.read_shard(chosen, ctx.rank, exact=True)
+    meta = (own or {}).get(_META, {})
+    if own is not None and meta.get("has_state"):
+        state = own["state"]
+    else:
+        shared = ck.read_shard(chosen, 0, exact=True)
+        if shared is None or not shared.get(_META, {}).get("has_state"):
+            raise CheckpointError(
+                f"rank {ctx.rank}: checkpoint {chosen} has no state for this rank and no "
+                "replicated state from rank 0. Fix: pass state= on rank 0 (replicated) or on "
+                "every rank (sharded), with the same world size.")
+        state = shared["state"]
+    if own is not None and "rng" in meta:
+        ck.restore_rng_state(meta["rng"])
+    step = state.get("step") if isinstance(state, dict) else None
+    session.last_step = step if isinstance(step, int) else session.last_step
+    session.loaded_step = session.last_step
+    if ctx.rank == 0:
+        session.record("restored", f"restored {os.path.basename(chosen)} (step {step})",
+                       step=step if isinstance(step, int) else None, path=chosen)
+    return state

@@ -1,0 +1,90 @@
+"""RunCoordinator: one small Ray actor per ``fit()`` that outlives worker-group restarts.
+
+It holds what must survive a restart of the worker group: the attempt counter, faults
+already fired, checkpoints already rejected, and the event log; and it offers the one
+collective rayguard needs outside torch.distributed (a gather keyed by tag), so that
+set-up and checkpoint commits work whatever backend (gloo, NCCL) the user's group runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rayguard.events import EventLog
+
+
+class RunCoordinator:
+    """The actor body. Create it with :func:`start_coordinator`."""
+
+    def __init__(self, events_file: str) -> None:
+        self._log = EventLog(events_file)
+        self._attempt = -1
+        self._claims: set[str] = set()
+        self._rejected: dict[str, str] = {}
+        self._store: dict[str, Any] = {}
+        self._gathers: dict[str, dict[int, Any]] = {}
+        self._cond = threading.Condition()
+
+    # -- attempts and events -------------------------------------------------------------
+    def new_attempt(self) -> int:
+        with self._cond:
+            self._attempt += 1
+            return self._attempt
+
+    def attempt(self) -> int:
+        return max(self._attempt, 0)
+
+    def record(self, event: dict[str, Any]) -> None:
+        if event.get("attempt") is None:
+            event["attempt"] = self.attempt()
+        self._log.append(event)
+
+    def events_file(self) -> str:
+        return str(self._log.path)
+
+    # -- once-per-run facts ------------------------------------------------------------
+    def claim(self, key: str) -> bool:
+        with self._cond:
+            if key in self._claims:
+                return False
+            self._claims.add(key)
+            return True
+
+    def reject_checkpoint(self, path: str, why: str) -> None:
+        with self._cond:
+            self._rejected[path] = why
+
+    def rejected_checkpoints(self) -> dict[str, str]:
+        return dict(self._rejected)
+
+    def put(self, key: str, value: Any) -> None:
+        self._store[key] = value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._store.get(key, default)
+
+    # -- collective ------------------------------------------------------------------------
+    def gather(self, tag: str, rank: int, world_size: int, value: Any,
+               timeout_s: float = 1800.0) -> list[Any] | None:
+        """Block until ``world_size`` ranks have called with ``tag``; return the values by
+        rank. ``None`` on timeout (a rank died: Ray restarts the group)."""
+        with self._cond:
+            slot = self._gathers.setdefault(tag, {})
+            slot[rank] = value
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: len(slot) >= world_size, timeout=timeout_s):
+                return None
+            return [slot[r] for r in sorted(slot)]
+
+
+def start_coordinator(events_file: str):
+    """Start the run's coordinator on the driver's node (no CPU reserved)."""
+    import ray
+    from ray._raylet import RAY_NODE_ID_KEY
+
+    actor_cls = ray.remote(num_cpus=0, max_concurrency=1024)(RunCoordinator)
+    node_id = ray.get_runtime_context().get_node_id()
+    return actor_cls.options(
+        label_selector={RAY_NODE_ID_KEY: node_id},
+    ).remote(events_file)

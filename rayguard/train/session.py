@@ -1,0 +1,204 @@
+"""WorkerSession: the per-worker state behind ``rayguard.train.report/heartbeat/load_state``.
+
+Created by the set-up pipeline before the user's function runs; closed after it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from rayguard.config import GuardConfig
+from rayguard.events import make_event
+from rayguard.exceptions import NonFiniteMetricError, RayGuardError
+from rayguard.health.decisions import Decision, check_finite
+from rayguard.health.watchdog import Watchdog
+from rayguard.testing.faults import Fault, FaultInjector
+from rayguard.train.context import GuardContext
+from rayguard.train.forwarder import Forwarder
+
+logger = logging.getLogger("rayguard")
+
+
+class FatalNonFiniteMetricError(NonFiniteMetricError):
+    """NaN/inf with ``nan_policy="fail"``: the run ends without a retry."""
+
+    fatal = True
+
+
+def _plain(value: Any) -> Any:
+    """Ray Train refuses tensors in metrics; turn scalar tensors/numpy numbers into floats."""
+    item = getattr(value, "item", None)
+    if item is not None and getattr(value, "ndim", getattr(value, "dim", lambda: 1)) in (0, ()):
+        return item()
+    if item is not None and hasattr(value, "numel") and value.numel() == 1:
+        return item()
+    return value
+
+
+def resolve_step(step: int | None, metrics: dict[str, Any], state: Any, last_step: int) -> int:
+    """The step of a report: explicit, else ``metrics['step']``, else ``state['step']``, else
+    one past the last."""
+    for candidate in (step, metrics.get("step"),
+                      state.get("step") if isinstance(state, dict) else None):
+        if isinstance(candidate, int) and not isinstance(candidate, bool):
+            return candidate
+    return last_step + 1
+
+
+class WorkerSession:
+    def __init__(self, ctx: GuardContext, guard: GuardConfig, coordinator: Any,
+                 faults: tuple[Fault, ...]) -> None:
+        self.ctx = ctx
+        self.guard = guard
+        self.coordinator = coordinator
+        self.forwarder = Forwarder()
+        self.injector = FaultInjector(faults, rank=ctx.rank, attempt=ctx.attempt, claim=self._claim)
+        self.watchdog = Watchdog(guard.health, on_stall=self._on_stall)
+        self.last_step = -1
+        self.report_count = 0
+        self.loaded_step: int | None = None
+        self.block_times_s: list[float] = []
+
+    # -- coordinator helpers --------------------------------------------------------------
+    def _claim(self, key: str) -> bool:
+        if self.coordinator is None:
+            return True
+        import ray
+
+        return bool(ray.get(self.coordinator.claim.remote(key)))
+
+    def record(self, kind: str, detail: str, *, step: int | None = None, wait: bool = False,
+               **extra: Any) -> None:
+        """Add an event to the run's log (fire-and-forget unless ``wait``)."""
+        event = make_event(kind, detail, rank=self.ctx.rank, node=self.ctx.node_id,
+                           step=step, attempt=self.ctx.attempt, **extra)
+        logger.info("rayguard event %s rank=%s step=%s: %s", kind, self.ctx.rank, step, detail)
+        if self.coordinator is None:
+            return
+        ref = self.coordinator.record.remote(event)
+        if wait:
+            import ray
+
+            ray.get(ref, timeout=10)
+
+    def gather(self, tag: str, value: Any) -> list[Any]:
+        """All ranks' values for ``tag`` (waiting for peers counts as progress)."""
+        if self.coordinator is None or self.ctx.world_size == 1:
+            return [value]
+        import ray
+
+        ref = self.coordinator.gather.remote(f"a{self.ctx.attempt}:{tag}", self.ctx.rank,
+                                             self.ctx.world_size, value)
+        while True:
+            ready, _ = ray.wait([ref], timeout=1.0)
+            if ready:
+                result = ray.get(ref)
+                if result is None:
+                    raise RayGuardError(f"rank {self.ctx.rank}: peers never reached {tag!r}")
+                return result
+            self.watchdog.heartbeat()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.watchdog.start()
+
+    def close(self, timeout_s: float | None = 600) -> None:
+        try:
+            self.forwarder.close(timeout_s)
+        finally:
+            self.watchdog.stop()
+
+    # -- the user-facing calls ---------------------------------------------------------
+    def heartbeat(self) -> None:
+        self.watchdog.heartbeat()
+
+    def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None) -> None:
+        started = time.perf_counter()
+        metrics = {k: _plain(v) for k, v in dict(metrics).items()}
+        step = resolve_step(step, metrics, state, self.last_step)
+        metrics = self.injector.on_report(step, metrics)
+        self._guard_finite(metrics, step)
+        self.watchdog.step_completed()
+        self.last_step = step
+        self.report_count += 1
+        checkpoint = None
+        if self.ctx.world_size > 1 or state is not None:
+            from rayguard.train.checkpointing import maybe_checkpoint
+
+            checkpoint = maybe_checkpoint(self, state, step)
+        self.forwarder.submit(_forward, metrics, checkpoint)
+        self.block_times_s.append(time.perf_counter() - started)
+
+    def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
+        health = self.guard.health
+        decision = check_finite(metrics, health.watch_metrics, policy=health.nan_policy, step=step)
+        if decision.ok:
+            return
+        self.record("nan_detected", f"{decision.reason}; policy {health.nan_policy}",
+                    step=step, wait=True, value=str(decision.value))
+        self._flush_quietly()
+        cls = FatalNonFiniteMetricError if decision.action == "fail" else NonFiniteMetricError
+        what = ("the run ends (nan_policy='fail')" if decision.action == "fail" else
+                "the worker group restarts from the last verified checkpoint before it")
+        raise cls(f"rank {self.ctx.rank} on node {self.ctx.node_id}: {decision.reason}; {what}. "
+                  "Fix: lower the learning rate, clip gradients, or check the data at that step.")
+
+    def _flush_quietly(self, timeout_s: float = 30) -> None:
+        try:
+            self.forwarder.flush(timeout_s=timeout_s)
+        except Exception:  # the failure being raised matters more
+            pass
+
+    def _on_stall(self, decision: Decision) -> None:
+        """Runs in the watchdog thread: dump stacks, record, end this worker."""
+        path = dump_stacks(self.ctx)
+        detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
+        try:
+            self.record("stall_detected", detail, step=self.last_step, wait=True,
+                        timeout_s=decision.threshold, stacks=path)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _forward(metrics: dict[str, Any], checkpoint: Any) -> None:
+    import ray.train
+
+    if checkpoint is None:
+        ray.train.report(metrics)
+        return
+    from ray.train import CheckpointUploadMode
+
+    ray.train.report(metrics, checkpoint=checkpoint,
+                     checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+
+
+def dump_stacks(ctx: GuardContext) -> str | None:
+    """Write the stacks of every thread of this worker into the run directory."""
+    import faulthandler
+    import shutil
+    import subprocess
+
+    directory = os.path.join(ctx.run_dir, "rayguard_stacks")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}.txt")
+        with open(path, "w") as f:
+            f.write(f"# rank {ctx.rank} pid {os.getpid()} node {ctx.node_id}: Python stacks\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            py_spy = shutil.which("py-spy")
+            if py_spy:
+                f.write("\n# native + Python stacks (py-spy dump --native)\n")
+                f.flush()
+                proc = subprocess.run([py_spy, "dump", "--native", "--pid", str(os.getpid())],
+                                      capture_output=True, text=True, timeout=20)
+                f.write(proc.stdout or proc.stderr)
+        return path
+    except Exception as exc:  # a failed dump must not stop the restart
+        logger.warning("rayguard: could not dump stacks: %s", exc)
+        return None
+

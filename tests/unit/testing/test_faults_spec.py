@@ -1,0 +1,101 @@
+import pickle
+
+import pytest
+
+from rayguard import GuardConfig
+from rayguard.exceptions import FaultSpecError, InjectedFault
+from rayguard.testing import FaultInjector, parse_faults
+
+
+def test_parse_documented_example():
+    faults = parse_faults("kill:rank=1,step=5;hang:rank=0,step=9")
+    assert [(f.kind, f.rank, f.step) for f in faults] == [("kill", 1, 5), ("hang", 0, 9)]
+
+
+def test_parse_all_fields():
+    (f,) = parse_faults("hang:rank=*,step=2,attempt=1,seconds=0.5")
+    assert f.rank is None and f.attempt == 1 and f.seconds == 0.5
+    (g,) = parse_faults(" nan : rank=0 , step=4 , metric=val_loss ;")
+    assert g.metric == "val_loss"
+    (h,) = parse_faults("kill:rank=0,at=load")
+    assert h.at == "load" and h.step is None
+    assert parse_faults("") == () and parse_faults(None) == ()
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("explode:rank=1,step=2", "unknown kind 'explode'"),
+        ("kill:rank=1", "step is required"),
+        ("kill:rank=one,step=2", "rank='one' is not an integer"),
+        ("kill:rank=1,step=-2", "step=-2 must be >= 0"),
+        ("kill:rank=1,step=2,colour=red", "unknown field 'colour'"),
+        ("kill:rank=1,step", "field 'step' is not name=value"),
+        ("kill:rank=1,step=2,step=3", "given twice"),
+        ("kill:step=2,seconds=3", "seconds applies to hang only"),
+        ("hang:step=2,seconds=0", "seconds must be > 0"),
+        ("kill:step=2,at=later", "at='later'"),
+        ("nan:at=load", "meaningless"),
+    ],
+)
+def test_bad_specs_name_the_part_and_the_fix(spec, needle):
+    with pytest.raises(FaultSpecError) as err:
+        parse_faults(spec)
+    assert needle in str(err.value) and "Fix:" in str(err.value)
+    assert pickle.loads(pickle.dumps(err.value)).args == err.value.args
+
+
+def test_guard_config_validates_faults():
+    with pytest.raises(FaultSpecError):
+        GuardConfig(faults="kill:rank=x,step=1")
+
+
+def test_injector_fires_once_and_only_on_matching_rank_and_step():
+    faults = parse_faults("nan:rank=0,step=2;raise:rank=1,step=3")
+    inj = FaultInjector(faults, rank=0, attempt=0)
+    assert inj.on_report(1, {"loss": 1.0}) == {"loss": 1.0}
+    poisoned = inj.on_report(2, {"loss": 1.0})
+    assert poisoned["loss"] != poisoned["loss"]  # NaN
+    assert inj.on_report(2, {"loss": 1.0}) == {"loss": 1.0}  # once per run
+    other = FaultInjector(faults, rank=1, attempt=0)
+    with pytest.raises(InjectedFault, match="rank 1"):
+        other.on_report(3, {})
+
+
+def test_injector_uses_shared_claims_across_restarts():
+    claimed: set[str] = set()
+
+    def claim(key: str) -> bool:
+        if key in claimed:
+            return False
+        claimed.add(key)
+        return True
+
+    faults = parse_faults("raise:rank=0,step=1")
+    with pytest.raises(InjectedFault):
+        FaultInjector(faults, rank=0, attempt=0, claim=claim).on_report(1, {})
+    # The restarted worker (attempt 1) replays step 1 without the fault firing again.
+    FaultInjector(faults, rank=0, attempt=1, claim=claim).on_report(1, {})
+
+
+def test_attempt_restricted_fault():
+    faults = parse_faults("raise:rank=0,step=1,attempt=1")
+    FaultInjector(faults, rank=0, attempt=0).on_report(1, {})
+    with pytest.raises(InjectedFault):
+        FaultInjector(faults, rank=0, attempt=1).on_report(1, {})
+
+
+def test_hang_with_seconds_returns():
+    (f,) = parse_faults("hang:rank=0,step=0,seconds=0.05")
+    FaultInjector((f,), rank=0, attempt=0).on_report(0, {})
+
+
+def test_kill_really_kills_a_process():
+    import subprocess
+    import sys
+
+    code = ("from rayguard.testing import FaultInjector, parse_faults\n"
+            "FaultInjector(parse_faults('kill:rank=0,step=1'), rank=0, attempt=0).on_report(1, {})\n"
+            "print('survived')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9 and "survived" not in proc.stdout
