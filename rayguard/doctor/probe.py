@@ -1,0 +1,259 @@
+"""What a node reports to the doctor: a plain record, and the thin code that reads the machine.
+
+Every check in :mod:`rayguard.doctor` is a pure function over :class:`NodeProbe`, so tests
+craft probes by hand; only :func:`probe_local` touches the real machine. The probe never
+imports torch unless the node has GPUs and no ``nvidia-smi`` (versions are read from the
+installed packages' metadata), so it stays fast on CPU nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GpuInfo:
+    """One physical GPU of a node."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    numa_node: int | None = None
+    """NUMA node from sysfs; ``None`` or -1 when the platform does not say."""
+
+
+@dataclass
+class NodeProbe:
+    """Everything the checks need to know about one node (or one worker process)."""
+
+    node: str = ""
+    """How findings name the node: ``hostname`` (plus the Ray node id's prefix on a cluster)."""
+    hostname: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    interfaces: list[str] = field(default_factory=list)
+    ib_devices: list[str] = field(default_factory=list)
+    gpus: list[GpuInfo] | None = None
+    """Physical GPUs; ``None`` when unknown (then GPU-count checks are skipped)."""
+    cpu_count: int = 1
+    """Cores this process may run on (``sched_getaffinity``)."""
+    numa_nodes: int = 1
+    versions: dict[str, str] = field(default_factory=dict)
+    """python, torch, torch_cuda, nccl, driver, ray, rayguard (absent: not installed/unknown)."""
+    storage_path: str | None = None
+    storage_exists: bool | None = None
+    storage_free_bytes: int | None = None
+    pythonpath_missing: list[str] = field(default_factory=list)
+    """PYTHONPATH entries that do not exist on this node."""
+    clock_s: float = 0.0
+    """``time.time()`` when the probe ran (compared with the driver's clock)."""
+    master_resolved: list[str] | None = None
+    """Addresses MASTER_ADDR resolved to; ``None``: not attempted; ``[]``: failed."""
+    master_connect: str | None = None
+    """``ok``, ``refused``, ``timeout``, ``error: ...``; ``None``: not attempted."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeProbe:
+        data = dict(data)
+        if data.get("gpus") is not None:
+            data["gpus"] = [GpuInfo(**g) for g in data["gpus"]]
+        return cls(**data)
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _interfaces() -> list[str]:
+    try:
+        import psutil
+
+        return sorted(psutil.net_if_addrs())
+    except Exception:
+        return sorted(name for _, name in socket.if_nameindex())
+
+
+def _ib_devices(root: str = "/sys/class/infiniband") -> list[str]:
+    try:
+        return sorted(os.listdir(root))
+    except OSError:
+        return []
+
+
+def _numa_nodes(root: str = "/sys/devices/system/node") -> int:
+    try:
+        return max(1, sum(1 for n in os.listdir(root) if re.fullmatch(r"node\d+", n)))
+    except OSError:
+        return 1
+
+
+def _pci_numa(bus_id: str) -> int | None:
+    bus = bus_id.lower()
+    if bus.count(":") == 2 and len(bus.split(":")[0]) == 8:
+        bus = bus[4:]  # nvidia-smi writes 00000000:3B:00.0, sysfs 0000:3b:00.0
+    try:
+        with open(f"/sys/bus/pci/devices/{bus}/numa_node") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _gpus_from_proc(root: str = "/proc/driver/nvidia/gpus") -> list[GpuInfo] | None:
+    """GPUs from the driver's procfs (cheap; no CUDA context). None without the driver."""
+    try:
+        buses = sorted(os.listdir(root))
+    except OSError:
+        return None
+    gpus = []
+    for i, bus in enumerate(buses):
+        info: dict[str, str] = {}
+        with contextlib.suppress(OSError), open(os.path.join(root, bus, "information")) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
+        gpus.append(GpuInfo(index=i, uuid=info.get("GPU UUID", ""), name=info.get("Model", ""),
+                            pci_bus_id=bus, numa_node=_pci_numa(bus)))
+    return gpus
+
+
+def _gpus_from_nvidia_smi(timeout_s: float = 5.0) -> list[GpuInfo] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,uuid,name,pci.bus_id",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=timeout_s, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            gpus.append(GpuInfo(int(parts[0]), parts[1], parts[2], parts[3], _pci_numa(parts[3])))
+    return gpus
+
+
+def _driver_version() -> str | None:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", f.read())
+            return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(name)
+    return None
+
+
+def _torch_cuda_version() -> str | None:
+    """torch.version.cuda without importing torch (reads torch/version.py)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        with open(path) as f:
+            m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", f.read(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def versions() -> dict[str, str]:
+    found = {
+        "python": platform.python_version(),
+        "torch": _dist_version("torch"),
+        "torch_cuda": _torch_cuda_version(),
+        "nccl": _dist_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"),
+        "driver": _driver_version(),
+        "ray": _dist_version("ray"),
+        "rayguard": _dist_version("rayguard"),
+    }
+    return {k: v for k, v in found.items() if v}
+
+
+def gpus(deep: bool = True) -> list[GpuInfo] | None:
+    """The node's physical GPUs: procfs first, nvidia-smi when ``deep``; [] if none."""
+    found = _gpus_from_proc()
+    if deep and not found:
+        found = _gpus_from_nvidia_smi() or found
+    if found is None:
+        return [] if not any(os.path.exists(f"/dev/nvidia{i}") for i in range(8)) else None
+    return found
+
+
+def _storage(path: str | None) -> tuple[bool | None, int | None]:
+    if not path or "://" in path:
+        return None, None  # cloud URIs are not checked from the node
+    if not os.path.exists(path):
+        return False, None
+    try:
+        return True, shutil.disk_usage(path).free
+    except OSError:
+        return True, None
+
+
+def _master_network(env: Mapping[str, str], connect_timeout_s: float) -> tuple[list[str] | None, str | None]:
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
+    if not addr:
+        return None, None
+    try:
+        resolved = sorted({i[4][0] for i in socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)})
+    except (OSError, UnicodeError):
+        return [], None
+    if connect_timeout_s <= 0 or not port.isdigit() or not 0 < int(port) < 65536:
+        return resolved, None
+    try:
+        with socket.create_connection((addr, int(port)), timeout=connect_timeout_s):
+            return resolved, "ok"
+    except ConnectionRefusedError:
+        return resolved, "refused"
+    except TimeoutError:
+        return resolved, "timeout"
+    except OSError as exc:
+        return resolved, f"error: {exc}"
+
+
+def probe_local(env: Mapping[str, str] | None = None, *, storage_path: str | None = None,
+                deep: bool = True, network: bool = True, connect_timeout_s: float = 1.0,
+                node: str = "") -> NodeProbe:
+    """Read this machine. ``deep=False`` skips nvidia-smi; ``network=False`` skips DNS/TCP."""
+    env = dict(os.environ if env is None else env)
+    hostname = socket.gethostname()
+    resolved, connect = _master_network(env, connect_timeout_s) if network else (None, None)
+    exists, free = _storage(storage_path)
+    pp = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return NodeProbe(
+        node=node or hostname, hostname=hostname, env=env, interfaces=_interfaces(),
+        ib_devices=_ib_devices(), gpus=gpus(deep), cpu_count=_usable_cpus(),
+        numa_nodes=_numa_nodes(), versions=versions() if deep else {},
+        storage_path=storage_path, storage_exists=exists, storage_free_bytes=free,
+        pythonpath_missing=[p for p in pp if not os.path.exists(p)], clock_s=time.time(),
+        master_resolved=resolved, master_connect=connect,
+    )
+
+
+__all__ = ["GpuInfo", "NodeProbe", "gpus", "probe_local", "versions"]
