@@ -1,1 +1,48 @@
-"""rayguard.checkpoint"""
+"""Coordinated, checksum-verified checkpoints: whole and verified, or invisible.
+
+Standalone use::
+
+    from rayguard import checkpoint
+    checkpoint.save("ckpts/checkpoint_000010", {"model": model.state_dict(), "step": 10}, step=10)
+    found = checkpoint.find_latest_valid("ckpts")   # (path, report) or None
+    state = checkpoint.load(found[0])
+
+The multi-rank protocol (``write_shard`` on every rank, ``commit`` on one) lives in
+:mod:`rayguard.checkpoint.writer` and :mod:`rayguard.checkpoint.commit`.
+"""
+
+from rayguard.checkpoint.api import load, save
+from rayguard.checkpoint.commit import cleanup_staging, commit, discard_staging, staging_dir_for
+from rayguard.checkpoint.fallback import Rejection, ScanResult, find_latest_valid, scan
+from rayguard.checkpoint.keys import normalize_state_dict_keys
+from rayguard.checkpoint.manifest import FileRecord, Manifest, ShardRecord, read_manifest
+from rayguard.checkpoint.reader import read_shard
+from rayguard.checkpoint.rng import RNG_STATE_KEY, capture_rng_state, restore_rng_state
+from rayguard.checkpoint.verify import Problem, VerifyReport, verify
+from rayguard.checkpoint.writer import write_shard
+
+__all__ = [
+    "RNG_STATE_KEY",
+    "FileRecord",
+    "Manifest",
+    "Problem",
+    "Rejection",
+    "ScanResult",
+    "ShardRecord",
+    "VerifyReport",
+    "capture_rng_state",
+    "cleanup_staging",
+    "commit",
+    "discard_staging",
+    "find_latest_valid",
+    "load",
+    "normalize_state_dict_keys",
+    "read_manifest",
+    "read_shard",
+    "restore_rng_state",
+    "save",
+    "scan",
+    "staging_dir_for",
+    "verify",
+    "write_shard",
+]

@@ -1,0 +1,150 @@
+"""The commit protocol: ranks write into a staging directory; one process publishes it.
+
+1. every rank: ``write_shard(staging, rank, state)`` (file fsynced, dir fsynced);
+2. the committing process (rank 0, after gathering the ShardRecords):
+   ``commit(staging, final, records, ...)`` checks each file's size, writes the manifest
+   (tmp + fsync + ``os.replace``), fsyncs the staging directory, renames it to ``final``
+   (one atomic ``rename(2)`` on a local filesystem) and fsyncs the parent.
+
+A reader accepts only a directory holding a manifest whose files all verify; staging
+directories (``.rayguard-staging-*``) are never read and are removed by
+:func:`cleanup_staging`. So a crash at any moment leaves either the old set of checkpoints
+or the old set plus the new, complete one.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rayguard.checkpoint.fsio import atomic_write_bytes, fsync_dir, io_error, phase
+from rayguard.checkpoint.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardRecord,
+    check_relative_path,
+    library_versions,
+)
+from rayguard.exceptions import CheckpointError
+
+logger = logging.getLogger("rayguard.checkpoint")
+
+STAGING_PREFIX = ".rayguard-staging-"
+
+
+def staging_dir_for(final_dir: str | os.PathLike[str]) -> Path:
+    """The staging directory for ``final_dir``: a hidden sibling, so the rename stays on one filesystem.
+
+    Deterministic, so every rank computes the same path without communicating.
+    """
+    final = Path(final_dir)
+    return final.parent / f"{STAGING_PREFIX}{final.name}"
+
+
+def commit(
+    staging_dir: str | os.PathLike[str],
+    final_dir: str | os.PathLike[str],
+    records: Iterable[ShardRecord],
+    *,
+    world_size: int,
+    step: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write the manifest last and publish ``staging_dir`` as ``final_dir`` atomically.
+
+    ``final_dir`` may be any path on the staging directory's filesystem; it must not exist
+    or be an empty directory. On failure the staging directory is removed and
+    CheckpointError is raised; existing checkpoints are never touched.
+    """
+    staging, final = Path(staging_dir), Path(final_dir)
+    try:
+        manifest = _build_manifest(staging, list(records), world_size, step, metadata or {})
+        fsync_dir(staging)
+        atomic_write_bytes(staging / MANIFEST_NAME, manifest.to_json().encode("utf-8"))
+        phase("manifest-written", staging)
+        _publish(staging, final)
+    except OSError as exc:
+        discard_staging(staging)
+        raise io_error("commit", exc.filename or staging, exc) from exc
+    except BaseException:
+        discard_staging(staging)
+        raise
+    phase("published", final)
+    return final
+
+
+def _build_manifest(
+    staging: Path, records: list[ShardRecord], world_size: int, step: int | None, metadata: dict[str, Any]
+) -> Manifest:
+    if world_size < 1:
+        raise CheckpointError(f"commit(world_size={world_size}): must be >= 1")
+    ranks = [r.rank for r in records]
+    if len(set(ranks)) != len(ranks) or any(not 0 <= r < world_size for r in ranks):
+        raise CheckpointError(
+            f"commit: shard ranks {sorted(ranks)} must be distinct and within world_size {world_size}"
+        )
+    files = tuple(f for r in records for f in r.files)
+    for f in files:
+        check_relative_path(f.path)
+        actual = (staging / f.path).stat().st_size
+        if actual != f.size_bytes:
+            raise CheckpointError(
+                f"commit: {staging / f.path} is {actual} bytes but its rank reported {f.size_bytes}; "
+                "was it rewritten by another save into the same staging directory?"
+            )
+    return Manifest(
+        world_size=world_size,
+        step=step,
+        files=files,
+        created_unix=time.time(),
+        versions=library_versions(),
+        metadata=metadata,
+    )
+
+
+def _publish(staging: Path, final: Path) -> None:
+    try:
+        os.rename(staging, final)  # replaces an empty directory atomically; fails if not empty
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise CheckpointError(
+                f"commit: {final} already exists and is not empty; refusing to overwrite a "
+                "checkpoint. Fix: commit into a new directory name."
+            ) from None
+        if exc.errno == errno.EXDEV:
+            raise CheckpointError(
+                f"commit: {staging} and {final} are on different filesystems, so the rename is "
+                "not atomic. Fix: stage next to the final directory (staging_dir_for(final))."
+            ) from None
+        raise
+    fsync_dir(final.parent)
+
+
+def discard_staging(staging_dir: str | os.PathLike[str]) -> None:
+    """Remove an abandoned staging directory (after a failed save on any rank)."""
+    shutil.rmtree(staging_dir, ignore_errors=True)
+
+
+def cleanup_staging(root: str | os.PathLike[str]) -> list[Path]:
+    """Remove staging directories left under ``root`` by crashed saves; returns them.
+
+    Call at start-up, before any save of this run begins: a staging directory of a save
+    still in progress would be removed too.
+    """
+    removed = []
+    try:
+        children = list(Path(root).iterdir())
+    except FileNotFoundError:
+        return []
+    for child in children:
+        if child.name.startswith(STAGING_PREFIX) and child.is_dir() and not child.is_symlink():
+            logger.warning("rayguard: removing %s, left by a checkpoint save that did not finish", child)
+            discard_staging(child)
+            removed.append(child)
+    return removed

@@ -1,0 +1,144 @@
+"""Find the newest checkpoint that verifies, skipping (and reporting) every bad one.
+
+:func:`order_candidates` is the pure planner (newest first); :func:`scan` applies it to a
+directory and verifies candidates one by one until one passes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rayguard.checkpoint.commit import STAGING_PREFIX
+from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.verify import Problem, VerifyReport, verify
+
+logger = logging.getLogger("rayguard.checkpoint")
+
+CHECKPOINT_NAME_PREFIX = "checkpoint"  # directories without a manifest count only with this prefix
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A directory that may be a checkpoint."""
+
+    path: Path
+    step: int | None
+    """The manifest's step; None when it has none or the manifest cannot be read."""
+    mtime: float
+    manifest_readable: bool = True
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A checkpoint that failed verification, with why. Record it to never try it again."""
+
+    path: str
+    problems: tuple[Problem, ...]
+
+    def describe(self) -> str:
+        return f"{self.path}: " + "; ".join(f"{p.file}: {p.what}" for p in self.problems)
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    chosen: Path | None
+    """The newest checkpoint that verified, or None."""
+    report: VerifyReport | None
+    """Its verification report."""
+    rejected: tuple[Rejection, ...]
+    """Newer checkpoints that failed, newest first."""
+
+
+def order_candidates(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Newest first: by manifest step, then mtime.
+
+    A directory whose manifest cannot be read sorts first (it may be the newest save; it is
+    rejected and reported rather than silently ignored); a manifest without a step sorts
+    after every stepped one, by mtime.
+    """
+
+    def key(c: Candidate) -> tuple[float, float]:
+        if not c.manifest_readable:
+            return (math.inf, c.mtime)
+        return (-1.0 if c.step is None else float(c.step), c.mtime)
+
+    return sorted(candidates, key=key, reverse=True)
+
+
+def list_candidates(root: str | os.PathLike[str]) -> list[Candidate]:
+    """Every child directory of ``root`` with a manifest or a ``checkpoint*`` name."""
+    out = []
+    try:
+        children = sorted(Path(root).iterdir())
+    except FileNotFoundError:
+        return []
+    for child in children:
+        if child.name.startswith((".", STAGING_PREFIX)) or not child.is_dir():
+            continue
+        manifest = child / MANIFEST_NAME
+        if not manifest.exists() and not child.name.startswith(CHECKPOINT_NAME_PREFIX):
+            continue
+        step, readable = _peek_step(manifest)
+        try:
+            mtime = (manifest if manifest.exists() else child).stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        out.append(Candidate(child, step, mtime, readable))
+    return out
+
+
+def _peek_step(manifest: Path) -> tuple[int | None, bool]:
+    try:
+        step = json.loads(manifest.read_text(encoding="utf-8")).get("step")
+        return (int(step) if step is not None else None), True
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None, False
+
+
+def scan(
+    root: str | os.PathLike[str],
+    *,
+    skip: Iterable[str | os.PathLike[str]] = (),
+    ranks: Iterable[int] | None = None,
+    threads: int | None = None,
+) -> ScanResult:
+    """Verify checkpoints under ``root`` newest first; stop at the first that passes.
+
+    ``skip`` are checkpoints rejected before (never tried again). Each rejection is logged as
+    a warning naming the checkpoint, the file and the problem, and returned in ``rejected``.
+    ``ranks`` limits hashing to those ranks' files (see :func:`verify`).
+    """
+    skipped = {os.path.realpath(p) for p in skip}
+    rank_list: Sequence[int] | None = None if ranks is None else list(ranks)
+    rejected: list[Rejection] = []
+    for cand in order_candidates(list_candidates(root)):
+        if os.path.realpath(cand.path) in skipped:
+            continue
+        report = verify(cand.path, ranks=rank_list, threads=threads)
+        if report.ok:
+            return ScanResult(cand.path, report, tuple(rejected))
+        rejection = Rejection(str(cand.path), report.problems)
+        logger.warning("rayguard: skipping checkpoint %s; trying an older one", rejection.describe())
+        rejected.append(rejection)
+    if rejected:
+        logger.warning("rayguard: no valid checkpoint under %s (%d rejected)", root, len(rejected))
+    return ScanResult(None, None, tuple(rejected))
+
+
+def find_latest_valid(
+    root: str | os.PathLike[str],
+    *,
+    skip: Iterable[str | os.PathLike[str]] = (),
+    ranks: Iterable[int] | None = None,
+) -> tuple[Path, VerifyReport] | None:
+    """(path, report) of the newest checkpoint under ``root`` that verifies, or None."""
+    result = scan(root, skip=skip, ranks=ranks)
+    if result.chosen is None or result.report is None:
+        return None
+    return result.chosen, result.report

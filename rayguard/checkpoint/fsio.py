@@ -1,0 +1,163 @@
+"""Durable file operations, and the test hooks that make them fail on purpose.
+
+Every byte a checkpoint writes goes through :func:`write_all` (or :func:`atomic_write_bytes`),
+so a single hook can inject an I/O error (``ENOSPC``, ``EIO``) at a chosen offset of a chosen
+file: :func:`inject_write_error`. :func:`set_phase_hook` lets crash tests kill the process at
+a named point of the commit protocol (see ``PHASES``). Both hooks are process-global and are
+``None`` in normal runs (one attribute check per write).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from rayguard.exceptions import CheckpointError
+
+# (path, file offset of this write, number of bytes) -> None, or raise OSError.
+WriteFaultHook = Callable[[str, int, int], None]
+# (phase name, path it concerns) -> None; a crash test may os.kill itself here.
+PhaseHook = Callable[[str, str], None]
+
+PHASES = (
+    "shard-opened",  # a rank's shard file exists, empty
+    "shard-written",  # a rank's shard is written and fsynced, staging only
+    "manifest-written",  # manifest replaced into the staging dir, not yet published
+    "published",  # staging renamed to the final directory
+)
+
+_write_fault_hook: WriteFaultHook | None = None
+_phase_hook: PhaseHook | None = None
+
+_MAX_IOV = 1024  # IOV_MAX on Linux
+
+
+def set_write_fault_hook(hook: WriteFaultHook | None) -> WriteFaultHook | None:
+    """Install ``hook`` (called before every checkpoint write syscall); returns the previous one."""
+    global _write_fault_hook
+    previous, _write_fault_hook = _write_fault_hook, hook
+    return previous
+
+
+def set_phase_hook(hook: PhaseHook | None) -> PhaseHook | None:
+    """Install ``hook`` (called at each point of ``PHASES``); returns the previous one."""
+    global _phase_hook
+    previous, _phase_hook = _phase_hook, hook
+    return previous
+
+
+def phase(name: str, path: str | os.PathLike[str]) -> None:
+    if _phase_hook is not None:
+        _phase_hook(name, os.fspath(path))
+
+
+@contextmanager
+def inject_write_error(
+    err: int = errno.ENOSPC, *, after_bytes: int = 0, path_contains: str = ""
+) -> Iterator[None]:
+    """Make checkpoint writes fail with ``OSError(err)`` once a file holds ``after_bytes``.
+
+    Only files whose path contains ``path_contains`` are affected. Used by tests and by
+    :mod:`rayguard.testing` to simulate a full disk without filling one.
+    """
+
+    def hook(path: str, offset: int, nbytes: int) -> None:
+        if path_contains in path and offset + nbytes > after_bytes:
+            raise OSError(err, os.strerror(err), path)
+
+    previous = set_write_fault_hook(hook)
+    try:
+        yield
+    finally:
+        set_write_fault_hook(previous)
+
+
+def write_all(fd: int, buffers: Sequence[memoryview], path: str, offset: int) -> int:
+    """Write every buffer (in order) at the current position of ``fd``; returns bytes written.
+
+    Uses ``writev`` so many small tensors cost one syscall. Handles short writes.
+    """
+    total = sum(b.nbytes for b in buffers)
+    if _write_fault_hook is not None:
+        _write_fault_hook(path, offset, total)
+    pending = [b for b in buffers if b.nbytes]
+    while pending:
+        batch = pending[:_MAX_IOV]
+        written = os.writev(fd, batch) if len(batch) > 1 else os.write(fd, batch[0])
+        if written <= 0:
+            raise OSError(errno.EIO, "write returned 0", path)
+        pending = _advance(pending, written)
+    return total
+
+
+def _advance(buffers: list[memoryview], nbytes: int) -> list[memoryview]:
+    """Drop ``nbytes`` from the front of ``buffers`` (after a possibly short write/read)."""
+    i = 0
+    while i < len(buffers) and nbytes >= buffers[i].nbytes:
+        nbytes -= buffers[i].nbytes
+        i += 1
+    rest = buffers[i:]
+    if rest and nbytes:
+        rest[0] = rest[0][nbytes:]
+    return rest
+
+
+def read_exact(fd: int, buffers: Sequence[memoryview], path: str) -> None:
+    """Fill every buffer from the current position of ``fd``; EOF first is an error."""
+    pending = [b for b in buffers if b.nbytes]
+    while pending:
+        batch = pending[:_MAX_IOV]
+        got = os.readv(fd, batch)
+        if got == 0:
+            raise EOFError(f"{path}: file ended early (truncated)")
+        pending = _advance(pending, got)
+
+
+def pread_exact(fd: int, buf: memoryview, offset: int, path: str) -> None:
+    """Fill ``buf`` from ``offset`` of ``fd``; EOF first is an error."""
+    done = 0
+    while done < buf.nbytes:
+        got = os.preadv(fd, [buf[done:]], offset + done)
+        if got == 0:
+            raise EOFError(f"{path}: file ended early at byte {offset + done} (truncated)")
+        done += got
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that the names created or renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: ``path.tmp`` + fsync + ``os.replace`` + dir fsync."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, [memoryview(data)], str(tmp), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def io_error(action: str, path: str | os.PathLike[str], exc: OSError) -> CheckpointError:
+    """A CheckpointError that names the file, the OS error and what to do about it."""
+    where = Path(path).parent
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = (
+            f"free space on the filesystem holding {where} (df -h {where}), or keep fewer "
+            "checkpoints (ray.train.CheckpointConfig(num_to_keep=...)); earlier checkpoints are untouched"
+        )
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = f"make {where} writable by this process, or point storage_path elsewhere"
+    else:
+        fix = "check the filesystem (dmesg, mount options, network storage health) and retry"
+    return CheckpointError(f"could not {action} checkpoint file {path}: [Errno {exc.errno}] {exc.strerror}. Fix: {fix}")

@@ -1,0 +1,163 @@
+"""The checkpoint digest: sha256 over fixed-size chunks, computed on a thread pool.
+
+A file of ``n`` bytes is cut into consecutive ``CHUNK_SIZE_BYTES`` chunks (the last one
+shorter); each chunk gets its own sha256, and the file digest is the sha256 of the
+concatenated raw 32-byte chunk digests. An empty file has no chunks and its digest is
+``sha256(b"")``. The manifest names this scheme ``HASH_SCHEME``. Chunks are independent,
+so they hash on several cores at once (hashlib releases the GIL), both while a shard is
+written and while it is read back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from rayguard.checkpoint.fsio import pread_exact
+
+CHUNK_SIZE_BYTES = 64 * 1024 * 1024
+HASH_SCHEME = "sha256-chunked-64MiB"
+MAX_HASH_THREADS = 16
+
+
+def default_threads() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_HASH_THREADS, cores))
+
+
+def combine(chunk_digests: Sequence[bytes]) -> str:
+    """The file digest (hex) from its chunks' raw digests, in file order."""
+    return hashlib.sha256(b"".join(chunk_digests)).hexdigest()
+
+
+def digest_bytes(data: bytes) -> tuple[str, tuple[str, ...]]:
+    """(file digest, chunk digests) of an in-memory buffer. Reference implementation."""
+    view = memoryview(data)
+    chunks = [
+        hashlib.sha256(view[i : i + CHUNK_SIZE_BYTES]).digest()
+        for i in range(0, len(view), CHUNK_SIZE_BYTES)
+    ]
+    return combine(chunks), tuple(c.hex() for c in chunks)
+
+
+def _hash_segments(segments: list[memoryview], keepalive: list[object]) -> bytes:
+    h = hashlib.sha256()
+    for seg in segments:
+        h.update(seg)
+    del keepalive  # the tensors behind the segments may be freed from here on
+    return h.digest()
+
+
+class StreamHasher:
+    """Hashes a byte stream given as segments, one chunk per pool task.
+
+    ``add(segment, keepalive)`` appends the next bytes of the stream; ``keepalive`` is the
+    object that owns the memory (a tensor) and is held until its chunk is hashed. The
+    caller must not modify a segment's memory before :meth:`finish` returns.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, chunk_size: int = CHUNK_SIZE_BYTES) -> None:
+        self._pool = pool
+        self._chunk_size = chunk_size
+        self._segments: list[memoryview] = []
+        self._keepalive: list[object] = []
+        self._filled = 0
+        self._futures: list[Future[bytes]] = []
+        self.nbytes = 0
+
+    def add(self, segment: memoryview, keepalive: object = None) -> None:
+        start = 0
+        while start < segment.nbytes:
+            take = min(segment.nbytes - start, self._chunk_size - self._filled)
+            self._segments.append(segment[start : start + take])
+            if keepalive is not None:
+                self._keepalive.append(keepalive)
+            self._filled += take
+            start += take
+            if self._filled == self._chunk_size:
+                self._submit()
+        self.nbytes += segment.nbytes
+
+    def _submit(self) -> None:
+        segs, keep = self._segments, self._keepalive
+        self._segments, self._keepalive, self._filled = [], [], 0
+        self._futures.append(self._pool.submit(_hash_segments, segs, keep))
+
+    def finish(self) -> tuple[str, tuple[str, ...]]:
+        """Wait for every chunk; returns (file digest, chunk digests in hex)."""
+        if self._filled:
+            self._submit()
+        raw = [f.result() for f in self._futures]
+        return combine(raw), tuple(d.hex() for d in raw)
+
+    def cancel(self) -> None:
+        for f in self._futures:
+            f.cancel()
+        for f in self._futures:
+            if not f.cancelled():
+                f.exception()  # wait, so no task still reads memory the caller frees
+
+
+_local = threading.local()
+
+
+def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int) -> bytes:
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < chunk_size:
+        buf = _local.buf = bytearray(chunk_size)
+    view = memoryview(buf)[:length]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pread_exact(fd, view, index * chunk_size, path)
+    finally:
+        os.close(fd)
+    return hashlib.sha256(view).digest()
+
+
+def hash_files(
+    paths: Sequence[Path], *, threads: int | None = None, chunk_size: int = CHUNK_SIZE_BYTES
+) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
+    """Digest several files at once, every chunk of every file in parallel.
+
+    Returns, per path, (file digest, chunk digests) or the error that stopped its read.
+    """
+    sizes: list[int | OSError] = []
+    for p in paths:
+        try:
+            sizes.append(p.stat().st_size)
+        except OSError as exc:
+            sizes.append(exc)
+    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-hash") as pool:
+        futures: list[list[Future[bytes]] | OSError] = []
+        for p, size in zip(paths, sizes, strict=True):
+            if isinstance(size, OSError):
+                futures.append(size)
+                continue
+            n = -(-size // chunk_size)
+            futures.append(
+                [
+                    pool.submit(
+                        _hash_file_chunk, str(p), i, min(chunk_size, size - i * chunk_size), chunk_size
+                    )
+                    for i in range(n)
+                ]
+            )
+        out: list[tuple[str, tuple[str, ...]] | OSError | EOFError] = []
+        for fs in futures:
+            if isinstance(fs, OSError):
+                out.append(fs)
+                continue
+            try:
+                raw = [f.result() for f in fs]
+            except (OSError, EOFError) as exc:
+                out.append(exc)
+                continue
+            out.append((combine(raw), tuple(d.hex() for d in raw)))
+        return out

@@ -1,0 +1,201 @@
+"""The checkpoint manifest: which files make up a checkpoint, their sizes and digests.
+
+``rayguard_manifest.json`` is written last, atomically, inside the staging directory; a
+directory without it is never a checkpoint. Every path in it is relative to the checkpoint
+directory and must stay inside it (:func:`resolve_inside`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata as importlib_metadata
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from rayguard.checkpoint.hashing import CHUNK_SIZE_BYTES, HASH_SCHEME
+from rayguard.exceptions import CheckpointCorruptError
+
+MANIFEST_NAME = "rayguard_manifest.json"
+MANIFEST_FORMAT = "rayguard-checkpoint"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of a checkpoint, as written by a rank."""
+
+    path: str
+    """Relative to the checkpoint directory, POSIX separators."""
+    rank: int
+    """The rank whose state the file holds."""
+    size_bytes: int
+    """Exact file size."""
+    digest: str
+    """Hex sha256 over the chunk digests (``HASH_SCHEME``)."""
+    chunk_digests: tuple[str, ...] = ()
+    """Hex sha256 of each ``CHUNK_SIZE_BYTES`` chunk, in file order (locates corruption)."""
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """What :func:`~rayguard.checkpoint.writer.write_shard` returns: picklable, small."""
+
+    rank: int
+    files: tuple[FileRecord, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    world_size: int
+    step: int | None
+    files: tuple[FileRecord, ...]
+    created_unix: float = field(default_factory=time.time)
+    versions: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({f.rank for f in self.files})
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+    def files_of(self, rank: int) -> tuple[FileRecord, ...]:
+        return tuple(f for f in self.files if f.rank == rank)
+
+    def to_json(self) -> str:
+        doc = {
+            "format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_VERSION,
+            "hash": HASH_SCHEME,
+            "chunk_size_bytes": CHUNK_SIZE_BYTES,
+            "step": self.step,
+            "world_size": self.world_size,
+            "ranks": self.ranks,
+            "created_unix": self.created_unix,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created_unix)),
+            "versions": self.versions,
+            "metadata": self.metadata,
+            "files": [asdict(f) for f in self.files],
+        }
+        return json.dumps(doc, indent=1, allow_nan=False)
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "ray", "rayguard", "numpy"):
+        try:
+            out[dist] = importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def parse_manifest(text: str, where: str) -> Manifest:
+    """Parse and validate a manifest; raises CheckpointCorruptError naming what is wrong."""
+    try:
+        doc = json.loads(text)
+        if doc.get("format") != MANIFEST_FORMAT or doc.get("format_version") != MANIFEST_VERSION:
+            raise ValueError(f"format {doc.get('format')!r} version {doc.get('format_version')!r} is not {MANIFEST_FORMAT!r} {MANIFEST_VERSION}")
+        if doc.get("hash") != HASH_SCHEME or doc.get("chunk_size_bytes") != CHUNK_SIZE_BYTES:
+            raise ValueError(f"hash scheme {doc.get('hash')!r} is not {HASH_SCHEME!r}")
+        files = tuple(_file_record(f) for f in doc["files"])
+        manifest = Manifest(
+            world_size=int(doc["world_size"]),
+            step=None if doc["step"] is None else int(doc["step"]),
+            files=files,
+            created_unix=float(doc["created_unix"]),
+            versions=dict(doc.get("versions", {})),
+            metadata=dict(doc.get("metadata", {})),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointCorruptError(f"{where}: manifest is invalid ({exc})") from None
+    _check_consistency(manifest, doc.get("ranks"), where)
+    return manifest
+
+
+def _file_record(f: dict[str, Any]) -> FileRecord:
+    if not isinstance(f["path"], str) or not isinstance(f["digest"], str):
+        raise ValueError(f"file entry {f!r} has a non-string path or digest")
+    return FileRecord(
+        path=f["path"],
+        rank=int(f["rank"]),
+        size_bytes=int(f["size_bytes"]),
+        digest=f["digest"],
+        chunk_digests=tuple(str(d) for d in f.get("chunk_digests", ())),
+    )
+
+
+def _check_consistency(m: Manifest, ranks: Any, where: str) -> None:
+    problems = []
+    if m.world_size < 1:
+        problems.append(f"world_size {m.world_size} < 1")
+    if ranks != m.ranks:
+        problems.append(f"ranks {ranks} do not match the ranks of its files {m.ranks}")
+    if any(not 0 <= r < m.world_size for r in m.ranks):
+        problems.append(f"ranks {m.ranks} fall outside world_size {m.world_size}")
+    paths = [f.path for f in m.files]
+    if len(set(paths)) != len(paths):
+        problems.append("a file is listed twice")
+    if any(f.size_bytes < 0 for f in m.files):
+        problems.append("a negative size")
+    if problems:
+        raise CheckpointCorruptError(f"{where}: manifest is inconsistent: " + "; ".join(problems))
+
+
+def check_relative_path(rel: str) -> None:
+    """Reject a manifest path that is absolute, has ``..``, or is not plain POSIX relative."""
+    posix, win = PurePosixPath(rel), PureWindowsPath(rel)
+    bad = (
+        not rel
+        or posix.is_absolute()
+        or win.is_absolute()
+        or bool(win.drive)
+        or "\\" in rel
+        or "\x00" in rel
+        or any(part in ("..", "") for part in rel.split("/"))
+    )
+    if bad:
+        raise CheckpointCorruptError(
+            f"manifest path {rel!r} points outside its checkpoint directory (absolute, '..' or "
+            "malformed); refusing to read it. The manifest was tampered with or is corrupt."
+        )
+
+
+def resolve_inside(checkpoint_dir: Path, rel: str) -> Path:
+    """The real path of manifest entry ``rel``; raises if it escapes ``checkpoint_dir``.
+
+    Symlinks are followed, so a link inside the checkpoint that points outside is rejected.
+    """
+    check_relative_path(rel)
+    root = Path(os.path.realpath(checkpoint_dir))
+    target = Path(os.path.realpath(root / rel))
+    if target != root and root not in target.parents:
+        raise CheckpointCorruptError(
+            f"manifest path {rel!r} resolves to {target}, outside the checkpoint directory "
+            f"{root} (a symlink escapes it); refusing to read it."
+        )
+    return target
+
+
+def read_manifest(checkpoint_dir: Path) -> Manifest:
+    """Read and validate ``checkpoint_dir``'s manifest (raises CheckpointCorruptError)."""
+    path = Path(checkpoint_dir) / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointCorruptError(
+            f"{checkpoint_dir}: no {MANIFEST_NAME}; the save never committed (crash or disk "
+            "error during the save) or this is not a rayguard checkpoint"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointCorruptError(f"{path}: unreadable manifest ({exc})") from None
+    manifest = parse_manifest(text, str(path))
+    for f in manifest.files:
+        check_relative_path(f.path)
+    return manifest

@@ -1,0 +1,158 @@
+"""Read a shard back into tensors, verifying size and digest while reading (one pass).
+
+Each tensor is allocated once and filled straight from the file (``readv``); as soon as a
+64 MiB chunk of the file has been read, a pool thread hashes the very memory that will be
+returned. The state is returned only if every chunk matches the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rayguard.checkpoint import format as fmt
+from rayguard.checkpoint.fsio import read_exact
+from rayguard.checkpoint.hashing import StreamHasher, default_threads
+from rayguard.checkpoint.manifest import FileRecord, Manifest, read_manifest, resolve_inside
+from rayguard.checkpoint.verify import describe_digest_mismatch
+from rayguard.exceptions import CheckpointCorruptError, CheckpointError
+
+logger = logging.getLogger("rayguard.checkpoint")
+
+READ_PIECE_BYTES = 16 * 1024 * 1024
+SMALL_BUFFER_BYTES = 1024 * 1024
+
+
+def shard_rank_for(manifest: Manifest, rank: int, where: str = "checkpoint") -> int:
+    """Which saved rank's shard ``rank`` loads: its own, else rank 0's (replicated state)."""
+    if manifest.files_of(rank):
+        return rank
+    if manifest.files_of(0):
+        return 0
+    raise CheckpointError(
+        f"{where} has no shard for rank {rank} and none for rank 0 to fall back on (it holds "
+        f"ranks {manifest.ranks} of world size {manifest.world_size}). Fix: save a state on "
+        "rank 0 (replicated) or on every rank, or restore with the world size it was saved with."
+    )
+
+
+def read_shard(
+    checkpoint_dir: str | os.PathLike[str],
+    rank: int,
+    *,
+    verify: bool = True,
+    map_location: str | torch.device | None = None,
+    threads: int | None = None,
+) -> Any:
+    """Rank ``rank``'s state from a committed checkpoint (rank 0's when it saved none).
+
+    With ``verify`` every byte is checked against the manifest's size and sha256 as it is
+    read; a mismatch raises CheckpointCorruptError naming the file and byte range.
+    Tensors are returned on the CPU unless ``map_location`` names a device.
+    """
+    directory = Path(checkpoint_dir)
+    manifest = read_manifest(directory)
+    source = shard_rank_for(manifest, rank, str(directory))
+    if source != rank:
+        logger.info("rank %d loads rank %d's (replicated) shard from %s", rank, source, directory)
+    files = manifest.files_of(source)
+    if len(files) != 1:
+        raise CheckpointCorruptError(f"{directory}: rank {source} has {len(files)} files; expected 1")
+    path = resolve_inside(directory, files[0].path)
+    state = read_shard_file(path, files[0] if verify else None, threads=threads)
+    return state if map_location is None else _to_device(state, torch.device(map_location))
+
+
+def read_shard_file(path: Path, record: FileRecord | None, *, threads: int | None = None) -> Any:
+    """Load one shard file; verify it against ``record`` (size, digest) unless it is None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path}: shard file is missing") from None
+    try:
+        size = os.fstat(fd).st_size
+        if record is not None and size != record.size_bytes:
+            raise CheckpointCorruptError(
+                f"{path}: size is {size} bytes, the manifest says {record.size_bytes} "
+                "(truncated or overwritten after the save)"
+            )
+        with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
+            hasher = StreamHasher(pool) if record is not None else None
+            try:
+                structure, objects = _read_payload(fd, path, size, hasher)
+            except BaseException:
+                if hasher is not None:
+                    hasher.cancel()
+                raise
+            if hasher is not None and record is not None:
+                digest, chunks = hasher.finish()
+                if digest != record.digest:
+                    raise CheckpointCorruptError(f"{path}: {describe_digest_mismatch(record, digest, chunks)}")
+    except (OSError, EOFError) as exc:
+        raise CheckpointCorruptError(f"{path}: could not read the shard ({exc})") from None
+    finally:
+        os.close(fd)
+    try:
+        return fmt.decode(structure, objects)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise CheckpointCorruptError(f"{path}: shard structure is invalid ({exc})") from None
+
+
+def _read_payload(fd: int, path: Path, size: int, hasher: StreamHasher | None) -> tuple[Any, list[Any]]:
+    prefix = bytearray(8)
+    read_exact(fd, [memoryview(prefix)], str(path))
+    n = int.from_bytes(prefix, "little")
+    if n > fmt.MAX_HEADER_BYTES or 8 + n > size:
+        raise CheckpointCorruptError(f"{path}: shard header length {n} is impossible for a {size}-byte file (corrupt)")
+    header = bytearray(n)
+    read_exact(fd, [memoryview(header)], str(path))
+    if hasher is not None:
+        hasher.add(memoryview(prefix), prefix)
+        hasher.add(memoryview(header), header)
+    structure, entries, _ = fmt.parse_header(bytes(header), size, str(path))
+    objects: list[Any] = []
+    small: list[tuple[memoryview, object]] = []
+    for entry in entries:
+        obj, view = fmt.allocate(entry)
+        objects.append(obj)
+        if view.nbytes < SMALL_BUFFER_BYTES:
+            small.append((view, obj))
+            if len(small) >= 1024:
+                _read_small(fd, path, small, hasher)
+            continue
+        _read_small(fd, path, small, hasher)
+        for start in range(0, view.nbytes, READ_PIECE_BYTES):
+            piece = view[start : start + READ_PIECE_BYTES]
+            read_exact(fd, [piece], str(path))
+            if hasher is not None:
+                hasher.add(piece, obj)
+    _read_small(fd, path, small, hasher)
+    return structure, objects
+
+
+def _read_small(fd: int, path: Path, small: list[tuple[memoryview, object]], hasher: StreamHasher | None) -> None:
+    if not small:
+        return
+    read_exact(fd, [v for v, _ in small], str(path))
+    if hasher is not None:
+        for view, obj in small:
+            hasher.add(view, obj)
+    small.clear()
+
+
+def _to_device(state: Any, device: torch.device) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: _to_device(v, device) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        items = [_to_device(v, device) for v in state]
+        return items if isinstance(state, list) else tuple(items)
+    return state
+
+

@@ -1,0 +1,142 @@
+"""Verify a checkpoint on disk: manifest, paths, sizes, and every chunk's sha256."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from rayguard.checkpoint.hashing import CHUNK_SIZE_BYTES, hash_files
+from rayguard.checkpoint.manifest import (
+    MANIFEST_NAME,
+    FileRecord,
+    Manifest,
+    read_manifest,
+    resolve_inside,
+)
+from rayguard.exceptions import CheckpointCorruptError
+
+
+class Problem(NamedTuple):
+    """One thing wrong with a checkpoint: the file (relative path) and what is wrong."""
+
+    file: str
+    what: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of :func:`verify`. Picklable."""
+
+    path: str
+    problems: tuple[Problem, ...]
+    manifest: Manifest | None
+    files_hashed: int = 0
+    bytes_hashed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"{self.path}: ok ({self.files_hashed} files, {self.bytes_hashed} bytes hashed)"
+        return f"{self.path}: " + "; ".join(f"{p.file}: {p.what}" for p in self.problems)
+
+    def to_dict(self) -> dict[str, object]:
+        m = self.manifest
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "problems": [{"file": p.file, "what": p.what} for p in self.problems],
+            "step": m.step if m else None,
+            "world_size": m.world_size if m else None,
+            "size_bytes": m.size_bytes if m else None,
+            "files_hashed": self.files_hashed,
+            "bytes_hashed": self.bytes_hashed,
+        }
+
+
+def describe_digest_mismatch(record: FileRecord, digest: str, chunks: tuple[str, ...]) -> str:
+    """Name the first chunk (byte range) whose sha256 differs from the manifest's."""
+    for i, (want, got) in enumerate(zip(record.chunk_digests, chunks, strict=False)):
+        if want != got:
+            lo, hi = i * CHUNK_SIZE_BYTES, min((i + 1) * CHUNK_SIZE_BYTES, record.size_bytes)
+            return (
+                f"sha256 mismatch in bytes [{lo}, {hi}) (chunk {i + 1} of {len(chunks)}): "
+                f"expected {want[:16]}..., got {got[:16]}... (contents changed after the save)"
+            )
+    return f"sha256 mismatch: expected {record.digest[:16]}..., got {digest[:16]}..."
+
+
+def verify(
+    directory: str | os.PathLike[str],
+    *,
+    ranks: Iterable[int] | None = None,
+    hashes: bool = True,
+    threads: int | None = None,
+) -> VerifyReport:
+    """Check a committed checkpoint; never raises for a bad checkpoint, reports instead.
+
+    Checks that the manifest exists and parses, that every path stays inside ``directory``,
+    that every file exists as a regular file of the recorded size, and (``hashes``) that its
+    sha256 matches. ``ranks`` limits hashing to those ranks' files (sizes are still checked
+    for all), so a rank can verify just what it will load.
+    """
+    root = Path(directory)
+    try:
+        manifest = read_manifest(root)
+    except CheckpointCorruptError as exc:
+        return VerifyReport(str(root), (Problem(MANIFEST_NAME, str(exc)),), None)
+    problems: list[Problem] = []
+    to_hash: list[tuple[FileRecord, Path]] = []
+    wanted = None if ranks is None else set(ranks)
+    for record in manifest.files:
+        path = _check_file(root, record, problems)
+        if path is not None and hashes and (wanted is None or record.rank in wanted):
+            to_hash.append((record, path))
+    results = hash_files([p for _, p in to_hash], threads=threads) if to_hash else []
+    for (record, _), result in zip(to_hash, results, strict=True):
+        if isinstance(result, BaseException):
+            problems.append(Problem(record.path, f"unreadable ({result})"))
+        elif result[0] != record.digest:
+            problems.append(Problem(record.path, describe_digest_mismatch(record, *result)))
+    return VerifyReport(
+        str(root),
+        tuple(problems),
+        manifest,
+        files_hashed=len(to_hash),
+        bytes_hashed=sum(r.size_bytes for r, _ in to_hash),
+    )
+
+
+def _check_file(root: Path, record: FileRecord, problems: list[Problem]) -> Path | None:
+    try:
+        path = resolve_inside(root, record.path)
+    except CheckpointCorruptError as exc:
+        problems.append(Problem(record.path, str(exc)))
+        return None
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        problems.append(Problem(record.path, "missing (deleted after the save?)"))
+        return None
+    except OSError as exc:
+        problems.append(Problem(record.path, f"cannot stat ({exc})"))
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        problems.append(Problem(record.path, "not a regular file"))
+        return None
+    if st.st_size != record.size_bytes:
+        problems.append(
+            Problem(
+                record.path,
+                f"size is {st.st_size} bytes, the manifest says {record.size_bytes} "
+                "(truncated or overwritten after the save)",
+            )
+        )
+        return None
+    return path
