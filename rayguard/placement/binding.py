@@ -20,6 +20,7 @@ import logging
 import os
 import platform
 import socket
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -79,10 +80,11 @@ def current_affinity() -> list[int]:
 
 
 def _torch_threads(threads: int | None) -> int:
-    try:
-        import torch
-    except ImportError:
-        return threads or 0
+    """Set torch's intra-op threads when torch is loaded (else ``OMP_NUM_THREADS`` sizes it
+    at import); return the count in force."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return threads or int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
     if threads:
         torch.set_num_threads(threads)
     return int(torch.get_num_threads())
@@ -173,6 +175,7 @@ def bind_worker(mode: str, plan_entry: WorkerPlan | None, *, source: str = "") -
         return _unbound(mode, rank, [*notes, problem], source)
     if problem:
         notes.append(problem)
+    before = current_affinity()
     try:
         affinity = set_process_affinity(plan_entry.cpus)
     except OSError as exc:
@@ -183,6 +186,7 @@ def bind_worker(mode: str, plan_entry: WorkerPlan | None, *, source: str = "") -
     if affinity != sorted(plan_entry.cpus):
         why = f"the kernel allowed only CPUs {affinity} of the planned {list(plan_entry.cpus)}"
         if mode == "strict":
+            set_process_affinity(before)  # leave the process as it was found
             raise _strict_error(plan_entry, rank, why)
         notes.append(why)
     threads = max(1, len(affinity))
