@@ -1,0 +1,96 @@
+"""Register the tensor serializers with Ray in this process.
+
+Ray keeps custom serializers in one table per process (``ray.util.register_serializer``
+writes ``ray.cloudpickle.CloudPickler.dispatch``), consulted only when *this* process
+pickles. The payload names ``codec.decode`` by module path, so a receiving process needs
+rayguard importable but no registration of its own; it needs registration only to *send*
+tensors the fast way (task returns, ``ray.put`` in a worker, actor results). Hence: register
+in the driver and in every worker process.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rayguard.serialization.policy import SerializerPolicy, set_policy
+
+_lock = threading.Lock()
+_previous: dict[type, Any] = {}  # reducers we replaced (e.g. Ray's zero-copy one)
+_registered = False
+
+
+def _tensor_types() -> tuple[type, ...]:
+    import torch
+
+    return (torch.Tensor, torch.nn.Parameter)
+
+
+def register_tensor_serializers(cuda: str = "receiver", zero_copy: bool = True) -> None:
+    """Make Ray ship torch tensors through rayguard's serializers in this process.
+
+    Idempotent; calling it again only updates the receive policy. Works before or after
+    ``ray.init``. ``cuda``: ``"receiver"`` (CUDA tensors land on this process's current
+    device) or ``"cpu"`` (they arrive on CPU). ``zero_copy``: share large received CPU
+    tensors copy-on-write (``False``: always copy). Usable as a Ray
+    ``worker_process_setup_hook``: ``"rayguard.serialization.register_tensor_serializers"``.
+    """
+    global _registered
+    import ray.cloudpickle
+    from ray.util import register_serializer
+
+    from rayguard.serialization.codec import decode, encode
+
+    set_policy(SerializerPolicy(cuda=cuda, zero_copy=zero_copy))
+    with _lock:
+        for cls in _tensor_types():
+            current = ray.cloudpickle.CloudPickler.dispatch.get(cls)
+            if not _is_ours(current):
+                _previous[cls] = current
+            register_serializer(cls, serializer=encode, deserializer=decode)
+        _registered = True
+
+
+def deregister_tensor_serializers() -> None:
+    """Undo :func:`register_tensor_serializers` in this process (idempotent).
+
+    Restores whatever reducer was there before (Ray's default pickling, or Ray's zero-copy
+    reducer when ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS`` was set) and the default policy.
+    """
+    global _registered
+    import ray.cloudpickle
+    from ray.util import deregister_serializer
+
+    with _lock:
+        for cls in _tensor_types():
+            if not _is_ours(ray.cloudpickle.CloudPickler.dispatch.get(cls)):
+                continue
+            deregister_serializer(cls)
+            previous = _previous.pop(cls, None)
+            if previous is not None:
+                ray.cloudpickle.CloudPickler.dispatch[cls] = previous
+        _registered = False
+    set_policy(None)
+
+
+def is_registered() -> bool:
+    """Whether this process currently sends tensors through rayguard's serializers."""
+    import torch
+
+    return _is_ours(_dispatch().get(torch.Tensor))
+
+
+def _dispatch() -> Any:
+    import ray.cloudpickle
+
+    return ray.cloudpickle.CloudPickler.dispatch
+
+
+def _is_ours(reducer: Any) -> bool:
+    """Ray wraps our pair in a closure; recognise it by the deserializer it captured."""
+    if reducer is None:
+        return False
+    from rayguard.serialization.codec import decode
+
+    cells = getattr(reducer, "__closure__", None) or ()
+    return any(getattr(c, "cell_contents", None) is decode for c in cells)
