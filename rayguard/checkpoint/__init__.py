@@ -13,7 +13,14 @@ The multi-rank protocol (``write_shard`` on every rank, ``commit`` on one) lives
 
 from rayguard.checkpoint.api import load, save
 from rayguard.checkpoint.commit import cleanup_staging, commit, discard_staging, staging_dir_for
-from rayguard.checkpoint.fallback import Rejection, ScanResult, find_latest_valid, scan
+from rayguard.checkpoint.fallback import (
+    LoadResult,
+    Rejection,
+    ScanResult,
+    find_latest_valid,
+    load_latest_valid,
+    scan,
+)
 from rayguard.checkpoint.keys import normalize_state_dict_keys
 from rayguard.checkpoint.manifest import FileRecord, Manifest, ShardRecord, read_manifest
 from rayguard.checkpoint.reader import read_shard
@@ -24,6 +31,7 @@ from rayguard.checkpoint.writer import write_shard
 __all__ = [
     "RNG_STATE_KEY",
     "FileRecord",
+    "LoadResult",
     "Manifest",
     "Problem",
     "Rejection",
@@ -36,6 +44,7 @@ __all__ = [
     "discard_staging",
     "find_latest_valid",
     "load",
+    "load_latest_valid",
     "normalize_state_dict_keys",
     "read_manifest",
     "read_shard",

@@ -13,10 +13,13 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rayguard.checkpoint.commit import STAGING_PREFIX
 from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.reader import read_shard
 from rayguard.checkpoint.verify import Problem, VerifyReport, verify
+from rayguard.exceptions import CheckpointError
 
 logger = logging.getLogger("rayguard.checkpoint")
 
@@ -142,3 +145,54 @@ def find_latest_valid(
     if result.chosen is None or result.report is None:
         return None
     return result.chosen, result.report
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    path: Path | None
+    """The checkpoint the state came from; None when no checkpoint verified."""
+    state: Any
+    rejected: tuple[Rejection, ...]
+    """Newer checkpoints that failed, newest first (record them; pass as ``skip`` later)."""
+
+
+def load_latest_valid(
+    root: str | os.PathLike[str],
+    rank: int,
+    *,
+    skip: Iterable[str | os.PathLike[str]] = (),
+    map_location: str | None = None,
+) -> LoadResult:
+    """Rank ``rank``'s state from the newest checkpoint under ``root`` that verifies.
+
+    One read pass per candidate: every file's presence and size is checked (so a checkpoint
+    missing any rank's file is rejected by every rank alike), then the rank's own shard (or
+    rank 0's, for replicated state) is hashed while it is loaded. Bad candidates are logged,
+    returned in ``rejected``, and the next older one is tried.
+    """
+    skipped = {os.path.realpath(p) for p in skip}
+    rejected: list[Rejection] = []
+    for cand in order_candidates(list_candidates(root)):
+        if os.path.realpath(cand.path) in skipped:
+            continue
+        report = verify(cand.path, hashes=False)
+        problems = report.problems
+        if not problems:
+            try:
+                state = read_shard(cand.path, rank, map_location=map_location)
+                return LoadResult(cand.path, state, tuple(rejected))
+            except CheckpointError as exc:
+                problems = (Problem(_file_of(exc, cand.path), str(exc)),)
+        rejection = Rejection(str(cand.path), problems)
+        logger.warning("rayguard: skipping checkpoint %s; trying an older one", rejection.describe())
+        rejected.append(rejection)
+    return LoadResult(None, None, tuple(rejected))
+
+
+def _file_of(exc: Exception, checkpoint: Path) -> str:
+    """The shard file an error message starts with, relative to the checkpoint if possible."""
+    head = str(exc).split(":", 1)[0]
+    try:
+        return str(Path(head).relative_to(checkpoint))
+    except ValueError:
+        return head

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from rayguard.checkpoint.fsio import pread_exact
 
-CHUNK_SIZE_BYTES = 64 * 1024 * 1024
-HASH_SCHEME = "sha256-chunked-64MiB"
+CHUNK_SIZE_BYTES = 16 * 1024 * 1024
+HASH_SCHEME = "sha256-chunked-16MiB"
 MAX_HASH_THREADS = 16
 
 

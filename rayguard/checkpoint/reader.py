@@ -1,7 +1,7 @@
 """Read a shard back into tensors, verifying size and digest while reading (one pass).
 
 Each tensor is allocated once and filled straight from the file (``readv``); as soon as a
-64 MiB chunk of the file has been read, a pool thread hashes the very memory that will be
+16 MiB chunk of the file has been read, a pool thread hashes the very memory that will be
 returned. The state is returned only if every chunk matches the manifest.
 """
 
@@ -24,7 +24,7 @@ from rayguard.exceptions import CheckpointCorruptError, CheckpointError
 
 logger = logging.getLogger("rayguard.checkpoint")
 
-READ_PIECE_BYTES = 16 * 1024 * 1024
+READ_PIECE_BYTES = 8 * 1024 * 1024
 SMALL_BUFFER_BYTES = 1024 * 1024
 
 

@@ -1,7 +1,7 @@
 """Write one rank's shard, hashing the bytes while they are written (no second read pass).
 
 The caller's thread writes (``writev`` batches small tensors into one syscall; a large tensor
-goes out in one ``write``), while a thread pool hashes every completed 64 MiB chunk of the
+goes out in one ``write``), while a thread pool hashes every completed 16 MiB chunk of the
 same memory; both release the GIL. The file and its directory are fsynced before the
 :class:`ShardRecord` is returned.
 """

@@ -1,0 +1,81 @@
+"""``rayguard checkpoint verify PATH [--json]`` and ``rayguard checkpoint ls ROOT [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rayguard.checkpoint.fallback import list_candidates, order_candidates
+from rayguard.checkpoint.verify import verify
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("checkpoint", help="inspect and verify rayguard checkpoints")
+    sub = parser.add_subparsers(dest="checkpoint_command", metavar="SUBCOMMAND", required=True)
+
+    p_verify = sub.add_parser("verify", help="verify one checkpoint; exit 1 on any problem")
+    p_verify.add_argument("path", help="a checkpoint directory (holds rayguard_manifest.json)")
+    p_verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    p_verify.set_defaults(func=_cmd_verify)
+
+    p_ls = sub.add_parser("ls", help="list the checkpoints under a run directory, newest first")
+    p_ls.add_argument("root", help="a directory holding checkpoint directories")
+    p_ls.add_argument("--no-verify", action="store_true", help="check sizes only, skip sha256")
+    p_ls.add_argument("--json", action="store_true", help="print one JSON object per line")
+    p_ls.set_defaults(func=_cmd_ls)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    report = verify(args.path)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    elif report.ok and report.manifest is not None:
+        m = report.manifest
+        print(f"OK {report.path}: step {m.step}, {len(m.files)} files, {_human(m.size_bytes)}, sha256 verified")
+    else:
+        print(f"CORRUPT {report.path}:")
+        for p in report.problems:
+            print(f"  {p.file}: {p.what}")
+    return 0 if report.ok else 1
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    rows = []
+    for cand in order_candidates(list_candidates(args.root)):
+        report = verify(cand.path, hashes=not args.no_verify)
+        m = report.manifest
+        status = ("sizes ok" if args.no_verify else "verified") if report.ok else "CORRUPT"
+        rows.append(
+            {
+                "path": str(cand.path),
+                "step": m.step if m else None,
+                "size_bytes": m.size_bytes if m else None,
+                "status": status,
+                "problems": [f"{p.file}: {p.what}" for p in report.problems],
+            }
+        )
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    if not rows:
+        print(f"no checkpoints under {args.root}")
+        return 0
+    print(f"{'STEP':>8}  {'SIZE':>10}  {'STATUS':<9} PATH")
+    for row in rows:
+        size = _human(row["size_bytes"]) if row["size_bytes"] is not None else "-"
+        step = "-" if row["step"] is None else str(row["step"])
+        print(f"{step:>8}  {size:>10}  {row['status']:<9} {row['path']}")
+        for problem in row["problems"]:
+            print(f"{'':>32}{problem}")
+    return 0
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"
