@@ -1,0 +1,68 @@
+"""The Ray scaling adapter, without a cluster: size rounding, fixed-size checks, pickling."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from ray.train import ScalingConfig
+from ray.train.v2._internal.execution.scaling_policy import (
+    FixedScalingPolicy,
+    NoopDecision,
+    ResizeDecision,
+)
+
+from rayguard.elastic import ValidSizeElasticPolicy, make_scaling_policy, valid_sizes_for
+from rayguard.exceptions import ConfigError
+
+
+def reserved(cpus_per_node: list[int]) -> dict[str, dict[str, float]]:
+    return {f"node{i}": {"CPU": float(c)} for i, c in enumerate(cpus_per_node)}
+
+
+def test_rounds_down_to_largest_valid_size() -> None:
+    sc = ScalingConfig(num_workers=(1, 8), resources_per_worker={"CPU": 1})
+    policy = make_scaling_policy(sc, valid_sizes_for(sc, global_batch_size=64, micro_batch_size=4))
+    assert isinstance(policy, ValidSizeElasticPolicy) and policy.valid_sizes == [1, 2, 4, 8]
+    assert policy._count_possible_workers(reserved([1, 1, 1])) == 2
+    assert policy._count_possible_workers(reserved([2, 2, 1, 1, 1])) == 4
+    assert policy._count_possible_workers(reserved([4, 4, 4])) == 8  # capped at max_workers
+
+
+def test_waits_below_the_smallest_valid_size() -> None:
+    sc = ScalingConfig(num_workers=(2, 6), resources_per_worker={"CPU": 1})
+    policy = make_scaling_policy(sc, valid_sizes_for(sc, 24, 4))  # valid: 2, 3, 6
+    assert policy._count_possible_workers(reserved([1])) == 0
+    assert policy._count_possible_workers(reserved([1, 1, 1, 1, 1])) == 3
+
+    # the decision path: below the smallest valid size Ray waits (NoopDecision)
+    policy._maybe_send_resource_request = lambda: None  # type: ignore[method-assign]
+    policy._get_reserved_resources = lambda: reserved([1])  # type: ignore[method-assign]
+    assert isinstance(policy.make_decision_for_non_running_worker_group(), NoopDecision)
+    policy._get_reserved_resources = lambda: reserved([1] * 5)  # type: ignore[method-assign]
+    decision = policy.make_decision_for_non_running_worker_group()
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 3
+
+
+def test_fixed_size_is_checked() -> None:
+    ok = ScalingConfig(num_workers=4)
+    assert isinstance(make_scaling_policy(ok, valid_sizes_for(ok, 64, 4)), FixedScalingPolicy)
+    bad = ScalingConfig(num_workers=3)
+    with pytest.raises(ConfigError, match=r"num_workers=3.*valid world sizes: \[1, 2, 4, 8, 16\]"):
+        valid_sizes_for(bad, 64, 4)
+    with pytest.raises(ConfigError, match=r"num_workers=3"):
+        make_scaling_policy(bad, [1, 2, 4])
+
+
+def test_elastic_range_without_valid_size() -> None:
+    sc = ScalingConfig(num_workers=(3, 3))
+    with pytest.raises(ConfigError, match=r"no world size in \[3, 3\]"):
+        valid_sizes_for(sc, 64, 4)
+    with pytest.raises(ConfigError, match="valid_sizes"):
+        make_scaling_policy(sc, [])
+
+
+def test_policy_pickles_for_the_controller_actor() -> None:
+    sc = ScalingConfig(num_workers=(1, 4), resources_per_worker={"CPU": 1})
+    policy = pickle.loads(pickle.dumps(make_scaling_policy(sc, [1, 2, 4])))
+    assert policy.valid_sizes == [1, 2, 4] and policy._count_possible_workers(reserved([1, 1, 1])) == 2
