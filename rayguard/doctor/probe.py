@@ -256,4 +256,16 @@ def probe_local(env: Mapping[str, str] | None = None, *, storage_path: str | Non
     )
 
 
-__all__ = ["GpuInfo", "NodeProbe", "gpus", "probe_local", "versions"]
+def probe_on_node(env: Mapping[str, str] | None, storage_path: str | None,
+                  connect_timeout_s: float, ray_node_id: str) -> dict[str, Any]:
+    """Body of the doctor's Ray task: this node's record as a plain dict, with ``env`` laid
+    over the worker's environment. Uses the standard library (and psutil) only, so the
+    runner can ship this module by value to nodes without importing rayguard there."""
+    merged = dict(os.environ)
+    merged.update(env or {})
+    probe = probe_local(merged, storage_path=storage_path, connect_timeout_s=connect_timeout_s)
+    probe.node = f"{probe.hostname}/{ray_node_id[:8]}"
+    return probe.to_dict()
+
+
+__all__ = ["GpuInfo", "NodeProbe", "gpus", "probe_local", "probe_on_node", "versions"]

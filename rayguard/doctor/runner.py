@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from rayguard.doctor import probe as probe_module
 from rayguard.doctor.checks import check_node
 from rayguard.doctor.drift import DEFAULT_MAX_SKEW_S, DEFAULT_MIN_FREE_BYTES, check_drift
 from rayguard.doctor.findings import Finding
@@ -23,16 +24,6 @@ LOCAL_ONLY = "none"  # address meaning "do not look for a cluster"
 
 class DoctorUnavailableError(RayGuardError):
     """The doctor could not run (e.g. an explicit address that cannot be reached)."""
-
-
-def probe_on_node(env: Mapping[str, str] | None, storage_path: str | None,
-                  connect_timeout_s: float, ray_node_id: str) -> dict[str, Any]:
-    """Body of the probe task: this node's record, with ``env`` laid over the worker's env."""
-    merged = dict(os.environ)
-    merged.update(env or {})
-    probe = probe_local(merged, storage_path=storage_path, connect_timeout_s=connect_timeout_s)
-    probe.node = f"{probe.hostname}/{ray_node_id[:8]}"
-    return probe.to_dict()
 
 
 def _gcs_reachable(address: str, timeout_s: float = 1.0) -> bool:
@@ -80,15 +71,21 @@ def _probe_cluster(env: Mapping[str, str] | None, storage_path: str | None,
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(probe_on_node)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     refs: dict[Any, str] = {}
-    sent = time.time()
-    for n in nodes:
-        strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        ref = task.options(num_cpus=0, scheduling_strategy=strategy, max_retries=0).remote(
-            dict(env or {}), storage_path, connect_timeout_s, n["NodeID"])
-        refs[ref] = n["NodeID"]
+    # Ship the probe module by value: the task then needs no rayguard import on the node
+    # (faster cold start; a node without rayguard still reports, as version drift).
+    ray.cloudpickle.register_pickle_by_value(probe_module)
+    try:
+        task = ray.remote(probe_module.probe_on_node)
+        sent = time.time()
+        for n in nodes:
+            strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ref = task.options(num_cpus=0, scheduling_strategy=strategy, max_retries=0).remote(
+                dict(env or {}), storage_path, connect_timeout_s, n["NodeID"])
+            refs[ref] = n["NodeID"]
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(probe_module)
     probes, windows, failures, ids = [], {}, [], []
     pending, deadline = list(refs), time.monotonic() + timeout_s
     while pending:
