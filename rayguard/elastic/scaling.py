@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import ReservedResources
     from ray.train import ScalingConfig
 
+    from rayguard.config import GuardConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -108,12 +110,19 @@ def valid_sizes_for(scaling_config: ScalingConfig, global_batch_size: int, micro
         "among those (or a range containing one), or change the batch sizes")
 
 
-def make_scaling_policy(scaling_config: ScalingConfig, valid_sizes: Sequence[int]) -> ScalingPolicy:
+def make_scaling_policy(scaling_config: ScalingConfig, valid_sizes: Sequence[int] | GuardConfig) -> ScalingPolicy:
     """The scaling policy a rayguard trainer hands to Ray's controller.
 
-    Elastic config: a :class:`ValidSizeElasticPolicy`. Fixed config: Ray's own policy,
-    after checking that ``num_workers`` is in ``valid_sizes`` (else :class:`ConfigError`).
+    ``valid_sizes``: the allowed world sizes, or a :class:`GuardConfig` with the batch
+    geometry (they are then computed with :func:`valid_sizes_for`). Elastic config: a
+    :class:`ValidSizeElasticPolicy`. Fixed config: Ray's own policy, after checking that
+    ``num_workers`` is valid (else :class:`ConfigError` listing the valid sizes).
     """
+    if not isinstance(valid_sizes, Sequence):
+        g, m = valid_sizes.global_batch_size, valid_sizes.micro_batch_size
+        if g is None or m is None:
+            return create_scaling_policy(scaling_config)
+        valid_sizes = valid_sizes_for(scaling_config, g, m)
     if not valid_sizes:
         raise ConfigError("make_scaling_policy(valid_sizes=[]): no valid world size. "
                           "Fix: compute them with rayguard.elastic.valid_sizes_for(...)")

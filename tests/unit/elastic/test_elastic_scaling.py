@@ -66,3 +66,14 @@ def test_policy_pickles_for_the_controller_actor() -> None:
     sc = ScalingConfig(num_workers=(1, 4), resources_per_worker={"CPU": 1})
     policy = pickle.loads(pickle.dumps(make_scaling_policy(sc, [1, 2, 4])))
     assert policy.valid_sizes == [1, 2, 4] and policy._count_possible_workers(reserved([1, 1, 1])) == 2
+
+
+def test_accepts_a_guard_config() -> None:
+    from rayguard.config import GuardConfig
+
+    sc = ScalingConfig(num_workers=(1, 4), resources_per_worker={"CPU": 1})
+    policy = make_scaling_policy(sc, GuardConfig(global_batch_size=12, micro_batch_size=2))
+    assert isinstance(policy, ValidSizeElasticPolicy) and policy.valid_sizes == [1, 2, 3]
+    assert not isinstance(make_scaling_policy(sc, GuardConfig()), ValidSizeElasticPolicy)
+    with pytest.raises(ConfigError, match="num_workers=3"):
+        make_scaling_policy(ScalingConfig(num_workers=3), GuardConfig(global_batch_size=8, micro_batch_size=2))
