@@ -1,0 +1,42 @@
+"""Test helpers for runs: record what Ray Train's controller saw, build small trainers."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ray.train import RunConfig, ScalingConfig, UserCallback
+
+import rayguard
+
+
+class RecordReports(UserCallback):
+    """Appends every metrics dict Ray Train's controller sees to a JSONL file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+
+def read_reports(path: str) -> list[list[dict[str, Any]]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def make_trainer(fn, tmp_path, *, num_workers: int = 2, config: dict | None = None,
+                 guard: rayguard.GuardConfig | None = None, callbacks=None, name: str = "run",
+                 **run_kwargs) -> rayguard.RobustTrainer:
+    return rayguard.RobustTrainer(
+        fn,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=num_workers),
+        run_config=RunConfig(storage_path=str(tmp_path), name=name, callbacks=callbacks,
+                             **run_kwargs),
+        guard_config=guard or rayguard.GuardConfig(),
+    )
