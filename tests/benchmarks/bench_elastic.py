@@ -1,0 +1,189 @@
+"""Elastic training benchmark: the planners at 4096 ranks, and node loss -> first step at the new size.
+
+    .venv/bin/python tests/benchmarks/bench_elastic.py           # planners + one resize trial each
+    .venv/bin/python tests/benchmarks/bench_elastic.py --quick   # planners only
+
+1. Planners on a simulated 4096-rank, 512-node world (8 GPUs per node): the initial rank
+   assignment, the remap after 37 nodes are lost and 20 join, and ``valid_world_sizes`` over
+   [1, 4096]. Baseline: Ray Train's own rank ordering
+   (``WorkerGroup._sort_workers_by_gpu_id_grouped_by_node``) of the same 4096 workers, which
+   assigns fresh ranks and keeps no mapping. Target: remap + valid sizes < 50 ms.
+2. Resize: a 3-node simulated cluster (one CPU, one worker per node), elastic (1, 3); a node is
+   removed mid-run and later added back. Reported: seconds from the removal to the first
+   completed step on 2 workers, and from the addition to the first step on 3 workers, for plain
+   ``TorchTrainer`` and for ``rayguard.RobustTrainer`` (same loop, a checkpoint every step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
+
+
+def median_ms(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def bench_planners(reps: int) -> None:
+    from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
+
+    from rayguard.elastic import WorkerSlot, plan_ranks, valid_world_sizes
+
+    nodes, per_node = 512, 8
+    slots = [WorkerSlot(f"node{n:04d}", g, (g,)) for n in range(nodes) for g in range(per_node)]
+    first = plan_ranks(slots)
+    lost = {f"node{n:04d}" for n in range(0, nodes, 14)}  # 37 nodes
+    joined = [WorkerSlot(f"new{n:03d}", g, (g,)) for n in range(20) for g in range(per_node)]
+    after = [s for s in slots if s.node_id not in lost] + joined
+    fake = [SimpleNamespace(metadata=SimpleNamespace(node_id=s.node_id, accelerator_ids={"GPU": [str(g) for g in s.gpu_ids]}))
+            for s in slots]
+
+    t_ray = median_ms(lambda: WorkerGroup._sort_workers_by_gpu_id_grouped_by_node(fake), reps)
+    t_init = median_ms(lambda: plan_ranks(slots), reps)
+    t_remap = median_ms(lambda: plan_ranks(after, first.ranks), reps)
+    t_valid = median_ms(lambda: valid_world_sizes(4096 * 8 * 6, 8, 1, 4096), reps)
+    t_naive = median_ms(lambda: [w for w in range(1, 4097) if (4096 * 8 * 6) % (8 * w) == 0], reps)
+    print(f"planners, 4096 ranks on 512 nodes (median of {reps}):")
+    print(f"  Ray rank ordering (baseline, no mapping)   {t_ray:8.2f} ms")
+    print(f"  plan_ranks, first attempt                  {t_init:8.2f} ms  ({t_init / t_ray:.1f}x Ray's ordering)")
+    print(f"  plan_ranks, remap -37 nodes +20 nodes      {t_remap:8.2f} ms  ({t_remap / t_ray:.1f}x)")
+    print(f"  valid_world_sizes [1, 4096]                {t_valid:8.3f} ms  (scan of the range: {t_naive:.3f} ms)")
+    total = t_remap + t_valid
+    print(f"  remap + valid sizes                        {total:8.2f} ms  target < 50 ms: {'met' if total < 50 else 'MISSED'}")
+
+
+# ------------------------------------------------------------------------------------------
+# Resize trial
+# ------------------------------------------------------------------------------------------
+def _log_step(out: str, ws: int, step: int) -> None:
+    with open(os.path.join(out, f"{os.getpid()}.jsonl"), "a") as f:
+        f.write(json.dumps({"t": time.time(), "ws": ws, "step": step}) + "\n")
+
+
+def plain_loop(config: dict) -> None:
+    import ray.train
+    from ray.train import Checkpoint
+
+    ctx = ray.train.get_context()
+    ws, rank = ctx.get_world_size(), ctx.get_world_rank()
+    step = 0
+    ck = ray.train.get_checkpoint()
+    if ck:
+        with ck.as_directory() as d, open(os.path.join(d, "s.json")) as f:
+            step = json.load(f)["step"]
+    while step < config["steps"]:
+        time.sleep(config["step_s"])
+        step += 1
+        _log_step(config["out"], ws, step)
+        if rank == 0:
+            with tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "s.json"), "w") as f:
+                    json.dump({"step": step}, f)
+                ray.train.report({"step": step}, checkpoint=Checkpoint.from_directory(d))
+        else:
+            ray.train.report({"step": step})
+
+
+def guarded_loop(config: dict) -> None:
+    import rayguard
+
+    ctx = rayguard.train.get_context()
+    state = rayguard.train.load_state()
+    step = state["step"] if state else 0
+    while step < config["steps"]:
+        time.sleep(config["step_s"])
+        step += 1
+        _log_step(config["out"], ctx.world_size, step)
+        rayguard.train.report({"step": step}, step=step, state={"step": step} if ctx.rank == 0 else None)
+
+
+def _events(out: str) -> list[dict]:
+    rows = []
+    for path in glob.glob(os.path.join(out, "*.jsonl")):
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.endswith("\n")]
+    return rows
+
+
+def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    import rayguard
+    from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
+
+    root = tempfile.mkdtemp(prefix=f"bench-elastic-{kind}-")
+    out = os.path.join(root, "steps")
+    os.makedirs(out)
+    config = {"out": out, "steps": 10**6, "step_s": step_s}
+    scaling = ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1},
+                            elastic_resize_monitor_interval_s=1.0)
+    run = RunConfig(storage_path=root, name=kind, failure_config=FailureConfig(max_failures=-1))
+    with SimulatedCluster(worker_nodes=3) as cluster:
+        if kind == "ray":
+            os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.05")  # same poll as rayguard
+            trainer: Any = TorchTrainer(plain_loop, train_loop_config=config, scaling_config=scaling, run_config=run)
+        else:
+            trainer = rayguard.RobustTrainer(guarded_loop, train_loop_config=config, scaling_config=scaling,
+                                             run_config=run, guard_config=rayguard.GuardConfig(
+                                                 global_batch_size=6, micro_batch_size=1))
+        cluster.fit_in_background(trainer)
+
+        def first_step(ws: int, after: float) -> float | None:
+            ts = [e["t"] for e in _events(out) if e["ws"] == ws and e["t"] > after]
+            return min(ts) if ts else None
+
+        wait_for(lambda: len([e for e in _events(out) if e["ws"] == 3]) >= 9, timeout_s=240, what="3 workers running")
+        t_remove = time.time()
+        cluster.remove_worker_node()
+        t_shrunk = wait_for(lambda: first_step(2, t_remove), timeout_s=240, what="first step on 2 workers")
+        time.sleep(2.0)
+        t_add = time.time()
+        cluster.add_worker_node()
+        t_grown = wait_for(lambda: first_step(3, t_add), timeout_s=240, what="first step on 3 workers")
+        # the run is endless: leaving the block shuts the cluster (and the run) down
+    return t_shrunk - t_remove, t_grown - t_add
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="planners only")
+    parser.add_argument("--trials", type=int, default=1, help="resize trials per trainer")
+    args = parser.parse_args(argv)
+    bench_planners(reps=5 if args.quick else 21)
+    if args.quick:
+        return 0
+    results: dict[str, list[tuple[float, float]]] = {"ray": [], "rayguard": []}
+    for _ in range(args.trials):
+        for kind in results:
+            results[kind].append(resize_trial(kind))
+            print(f"  trial {kind}: removal -> step on 2: {results[kind][-1][0]:.1f} s, "
+                  f"addition -> step on 3: {results[kind][-1][1]:.1f} s", flush=True)
+    med = {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in results.items()}
+    print(f"resize on a simulated 3-node cluster (median of {args.trials}; shared, loaded machine):")
+    print(f"  node removed -> first step at 2 workers: Ray {med['ray'][0]:6.1f} s, rayguard "
+          f"{med['rayguard'][0]:6.1f} s  ({med['ray'][0] / med['rayguard'][0]:.1f}x faster)")
+    print(f"  node added   -> first step at 3 workers: Ray {med['ray'][1]:6.1f} s, rayguard "
+          f"{med['rayguard'][1]:6.1f} s  ({med['ray'][1] / med['rayguard'][1]:.1f}x faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
