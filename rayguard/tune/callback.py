@@ -134,9 +134,12 @@ class HealthCallback(Callback):
             self._bind(trials)
         if self._stop_requested and not self._stop_applied:
             self._stop_applied = True
-            self.event_log.record(ev.STOP_REQUESTED, None, "stop requested: stopping every "
-                                  "trial gracefully; checkpoints are kept")
-            executor.stop_experiment(self._controller)
+            resumable = executor.interrupt_experiment(self._controller)
+            self.event_log.record(ev.STOP_REQUESTED, None, "stop requested: ending every "
+                                  "trial; checkpoints are kept" + (
+                                      ", unfinished trials resume on restore" if resumable
+                                      else " (trials end TERMINATED: not resumable)"),
+                                  resumable=resumable)
             return
         now = self._clock()
         with self._lock:

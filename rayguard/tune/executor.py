@@ -14,7 +14,9 @@ the internals of Ray 2.60's ``TuneController`` the same way Tune's own failure r
   ``._checkpoint_results``: the checkpoint Tune restores the requeued trial from;
 * ``_scheduler_alg``, ``_search_alg``, ``_callbacks``, ``_iteration``, ``_trials``:
   to end a trial as errored the way ``_process_trial_failure`` does;
-* the controller itself is found by walking up the callback's call stack.
+* the controller itself is found by walking up the callback's call stack, and
+  ``TuneRun.stop()`` sets ``ray.tune.tune.run``'s local ``experiment_interrupted_event``
+  (what its Ctrl+C handler sets) found the same way.
 
 Every access is guarded: a Ray version without them raises :class:`TuneInternalsError`
 naming the missing attribute instead of failing somewhere inside Tune.
@@ -130,6 +132,29 @@ def fail_trial(controller: Any, trial: Trial, reason: str) -> None:
                                          trials=controller._trials, trial=trial)
 
 
-def stop_experiment(controller: Any) -> None:
-    """Stop every trial gracefully (they keep their checkpoints) and the search."""
+INTERRUPT_EVENT = "experiment_interrupted_event"
+
+
+def interrupt_experiment(controller: Any, max_depth: int = 12) -> bool:
+    """End the sweep the way Ctrl+C does: ``tune.run`` leaves its loop, saves the
+    experiment state with the unfinished trials still unfinished (so ``Tuner.restore``
+    resumes them from their checkpoints), then stops every trial actor.
+
+    Sets the ``threading.Event`` local of ``ray.tune.tune.run`` that its SIGINT handler
+    sets (that handler is only installed in the main thread). Falls back to
+    ``TuneController.request_stop_experiment`` (trials end TERMINATED, not resumable) and
+    returns False when the event is not found.
+    """
+    import threading
+
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            break
+        event = frame.f_locals.get(INTERRUPT_EVENT)
+        if isinstance(event, threading.Event) and frame.f_code.co_name == "run":
+            event.set()
+            return True
+        frame = frame.f_back
     controller.request_stop_experiment()
+    return False
