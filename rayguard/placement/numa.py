@@ -233,8 +233,8 @@ def plan_node(topology: Topology, workers: Sequence[WorkerRequest]) -> NodePlan:
         w.home = w.gpu_node if w.gpu_node in nodes_with_cpus else None
         if w.home is None and len(nodes_with_cpus) == 1:
             w.home = nodes_with_cpus[0]
-            if w.gpu_indices and w.gpu_node is None:
-                w.gpu_node = w.home
+            if w.req.gpu_ids and w.gpu_node is None:
+                w.gpu_node = w.home  # the only node there is (logical GPUs land here too)
     works.sort(key=rank_key)  # GPU-homed first, by node then GPU; the rest after
     _allocate(topology, works)
     cpus = _cut(topology, works)

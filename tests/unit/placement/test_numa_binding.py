@@ -193,3 +193,11 @@ def test_memory_policy_prefers_the_node(via: str, monkeypatch) -> None:
         assert "prefer:0" in maps
     (done, what), _ = _policy_in_thread(4095)
     assert not done and "does not exist" in what
+
+
+def test_strict_accepts_logical_gpus_on_a_single_node_machine(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    monkeypatch.setenv(TOPOLOGY_ENV_VAR, str(write_topology(tmp_path, [[HERE_CPUS[0]]], [])))
+    status, out = in_child(lambda: setup_numa("strict", 0, peers("0")).to_dict())
+    assert status == "ok", out
+    assert out["bound"] and out["numa_node"] == 0 and out["cpu_affinity"] == [HERE_CPUS[0]]

@@ -132,6 +132,9 @@ def test_single_node_machine_and_unknown_numa_there() -> None:
     assert [w.gpu_numa_node for w in plan.workers] == [0, 0]
     assert [w.cpus for w in plan.workers] == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert "single NUMA node" in plan.notes[0]
+    # Logical GPUs (Ray's num_gpus on a machine without them): not in the topology at all.
+    logical = plan_node(topo(["0-7"], []), [req(0, 0), req(1, 1)])
+    assert [w.gpu_numa_node for w in logical.workers] == [0, 0]
 
 
 def test_uuid_ids_and_ids_missing_from_the_topology() -> None:
