@@ -261,3 +261,27 @@ def plan_cluster(
 ) -> dict[str, NodePlan]:
     """Plan every node of a cluster: ``{node_id: (topology, requests)}`` -> plans."""
     return {node_id: plan_node(topo, reqs) for node_id, (topo, reqs) in nodes.items()}
+
+
+def numa_rank_permutation(node_ids: Sequence[str], requests: Sequence[WorkerRequest],
+                          topologies: Mapping[str, Topology]) -> list[int]:
+    """Reorder world ranks so that, on each node, they follow the NUMA plan's rank order.
+
+    ``node_ids[i]`` and ``requests[i]`` describe the worker that now holds world rank ``i``
+    (``requests[i].local_rank`` is ignored). Returns ``perm`` with ``perm[new] = old``: node
+    blocks keep their place (in order of first appearance), only ranks within a node move.
+    A node missing from ``topologies`` keeps its order.
+    """
+    blocks: dict[str, list[int]] = {}
+    for i, node in enumerate(node_ids):
+        blocks.setdefault(node, []).append(i)
+    perm: list[int] = []
+    for node, members in blocks.items():
+        topo = topologies.get(node)
+        if topo is None:
+            perm.extend(members)
+            continue
+        local = [WorkerRequest(j, requests[i].gpu_ids, requests[i].num_cpus)
+                 for j, i in enumerate(members)]
+        perm.extend(members[j] for j in plan_node(topo, local).rank_order)
+    return perm

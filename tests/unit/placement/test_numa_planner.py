@@ -209,3 +209,15 @@ def test_planner_invariants(case: tuple[Topology, list[WorkerRequest]]) -> None:
         if sum(needs[w.local_rank] for w in homed) <= len(node.cpus):
             assert not any(w.spilled or w.shared for w in homed)
             assert all(set(w.cpus) <= set(node.cpus) for w in homed)
+
+
+def test_rank_permutation_within_nodes() -> None:
+    from rayguard.placement.numa import numa_rank_permutation
+
+    interleaved = topo(["0-7", "8-15"], [0, 1, 0, 1])
+    # Ray's order: node a (GPUs 0..3 by id), then node b; node c has no topology.
+    nodes = ["a"] * 4 + ["b"] * 2 + ["c"] * 2
+    reqs = [req(0, g) for g in (0, 1, 2, 3)] + [req(0, 1), req(0, 0)] + [req(0), req(0)]
+    perm = numa_rank_permutation(nodes, reqs, {"a": interleaved, "b": interleaved})
+    assert perm == [0, 2, 1, 3, 5, 4, 6, 7]
+    assert numa_rank_permutation(nodes[:4], reqs[:4], {}) == [0, 1, 2, 3]
