@@ -40,7 +40,7 @@ from rayguard.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import ReservedResources
-    from ray.train import ScalingConfig
+    from ray.train.v2.api.config import ScalingConfig
 
     from rayguard.config import GuardConfig
 
