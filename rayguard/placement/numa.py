@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rayguard.exceptions import ConfigError
-from rayguard.placement.topology import UNKNOWN_NUMA, Topology
+from rayguard.placement.topology import UNKNOWN_NUMA, GpuInfo, Topology
 
 
 @dataclass(frozen=True)
@@ -108,13 +108,11 @@ class _Work:
     notes: list[str] = field(default_factory=list)
 
 
-def _resolve_gpus(topology: Topology, w: _Work) -> None:
-    by_index = {g.index: g for g in topology.gpus}
-    by_uuid = {g.uuid: g for g in topology.gpus if g.uuid}
+def _resolve_gpus(by_id: Mapping[str, GpuInfo], w: _Work) -> None:
     nodes: list[int] = []
     indices: list[int] = []
     for gid in w.req.gpu_ids:
-        gpu = by_index.get(int(gid)) if gid.strip().isdigit() else by_uuid.get(gid)
+        gpu = by_id.get(gid.strip())
         if gpu is None:
             w.notes.append(f"GPU {gid!r} is not in this node's topology; its NUMA node is unknown")
             continue
@@ -228,8 +226,10 @@ def plan_node(topology: Topology, workers: Sequence[WorkerRequest]) -> NodePlan:
                         ("topology lists no CPUs: nothing to bind",), topology.hostname)
     nodes_with_cpus = [n.id for n in topology.numa_nodes if n.cpus]
     works = [_Work(r, max(1, math.ceil(r.num_cpus))) for r in workers]
+    by_id = {str(g.index): g for g in topology.gpus}
+    by_id.update({g.uuid: g for g in topology.gpus if g.uuid})
     for w in works:
-        _resolve_gpus(topology, w)
+        _resolve_gpus(by_id, w)
         w.home = w.gpu_node if w.gpu_node in nodes_with_cpus else None
         if w.home is None and len(nodes_with_cpus) == 1:
             w.home = nodes_with_cpus[0]
@@ -241,10 +241,10 @@ def plan_node(topology: Topology, workers: Sequence[WorkerRequest]) -> NodePlan:
     plans = []
     for w in works:
         main = max(w.counts, key=lambda n: (w.counts[n], n == w.home)) if w.counts else w.home
+        mine = sorted(set(cpus[w.req.local_rank]))
         plans.append(WorkerPlan(
-            local_rank=w.req.local_rank, numa_node=main,
-            cpus=tuple(sorted(set(cpus[w.req.local_rank]))),
-            threads=max(1, len(set(cpus[w.req.local_rank]))),
+            local_rank=w.req.local_rank, numa_node=main, cpus=tuple(mine),
+            threads=max(1, len(mine)),
             gpu_numa_node=w.gpu_node, gpu_indices=w.gpu_indices, gpu_ids=w.req.gpu_ids,
             spilled=any(n != w.gpu_node for n in w.counts) and w.gpu_node is not None,
             shared=w.shared_need > 0, notes=tuple(w.notes)))
