@@ -82,3 +82,18 @@ def test_unreachable_explicit_address_cannot_run():
     with pytest.raises(DoctorUnavailableError, match="no Ray cluster answers"):
         resolve_address("127.0.0.1:1")
     assert resolve_address("none") is None
+
+
+def test_cli_exit_codes_in_process(capsys, monkeypatch):
+    from rayguard.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    for name in [n for n in __import__("os").environ if n.startswith(("NCCL_", "RAYGUARD_"))]:
+        monkeypatch.delenv(name)
+    assert main(["doctor", "--address", "none", "--env", "CUDA_VISIBLE_DEVICES=0,0"]) == 1
+    out = capsys.readouterr().out
+    assert "CVD_DUPLICATE" in out and "fix:" in out
+    assert main(["doctor", "--address", "none"]) == 0
+    assert main(["doctor", "--address", "127.0.0.1:1"]) == 2
+    assert "no Ray cluster answers" in capsys.readouterr().err
+    assert main(["doctor", "--env", "NOEQUALS"]) == 2
