@@ -54,6 +54,6 @@ def test_readme_quickstart_command_runs_and_the_loss_falls() -> None:
                           text=True, timeout=400)
     out = done.stdout + done.stderr
     assert done.returncode == 0, f"`{command}` exited {done.returncode}:\n{out[-6000:]}"
-    losses = [float(v) for v in LOSS.findall(done.stdout)]
+    losses = [float(v) for v in LOSS.findall(out)]
     assert len(losses) >= 2, f"`{command}` printed no loss lines:\n{out[-6000:]}"
     assert losses[-1] < losses[0], f"loss did not fall: {losses}"
