@@ -57,11 +57,13 @@ class ValidSizeElasticPolicy(ElasticScalingPolicy):
         """Allowed world sizes, ascending (from :func:`valid_world_sizes`)."""
         self.fresh_cluster_view = fresh_cluster_view
         """Ask the coordinator to recompute reservations against live nodes on each query."""
+        self._last_rounding: tuple[int, int] | None = None
 
     def _count_possible_workers(self, reserved_resources: ReservedResources) -> int:
         possible = super()._count_possible_workers(reserved_resources)
         chosen = largest_valid_at_most(possible, self.valid_sizes)
-        if chosen != possible:
+        if chosen != possible and (possible, chosen) != self._last_rounding:  # log changes only
+            self._last_rounding = (possible, chosen)
             logger.info("rayguard: resources for %d workers; using %d, the largest world size that "
                         "keeps the global batch exact (valid: %s)", possible, chosen, self.valid_sizes)
         return chosen
