@@ -23,7 +23,7 @@ from rayguard.checkpoint.fallback import (
 )
 from rayguard.checkpoint.keys import normalize_state_dict_keys
 from rayguard.checkpoint.manifest import FileRecord, Manifest, ShardRecord, read_manifest
-from rayguard.checkpoint.reader import read_shard
+from rayguard.checkpoint.reader import read_shard, shard_rank_for
 from rayguard.checkpoint.rng import RNG_STATE_KEY, capture_rng_state, restore_rng_state
 from rayguard.checkpoint.verify import Problem, VerifyReport, verify
 from rayguard.checkpoint.writer import write_shard
@@ -51,6 +51,7 @@ __all__ = [
     "restore_rng_state",
     "save",
     "scan",
+    "shard_rank_for",
     "staging_dir_for",
     "verify",
     "write_shard",

@@ -41,7 +41,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for cand in order_candidates(list_candidates(args.root)):
         report = verify(cand.path, hashes=not args.no_verify)
         m = report.manifest
