@@ -221,7 +221,7 @@ def _master_network(env: Mapping[str, str], connect_timeout_s: float) -> tuple[l
     if not addr:
         return None, None
     try:
-        resolved = sorted({i[4][0] for i in socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)})
+        resolved = sorted({str(i[4][0]) for i in socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)})
     except (OSError, UnicodeError):
         return [], None
     if connect_timeout_s <= 0 or not port.isdigit() or not 0 < int(port) < 65536:

@@ -96,7 +96,7 @@ def _probe_cluster(env: Mapping[str, str] | None, storage_path: str | None,
         for ref in done:
             node_id = refs[ref]
             try:
-                probe = _from_dict(ray.get(ref))
+                probe = _from_dict(ray.get(ref))  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - any failure is a finding
                 failures.append(Finding("DOCTOR_PROBE_FAILED", "error", "probe",
                                         f"the probe task failed: {type(exc).__name__}: "
