@@ -26,12 +26,12 @@ from rayguard.tune import events as ev
 from rayguard.tune import executor
 from rayguard.tune.checks import (
     NONFINITE,
-    RECENT_INTERVALS,
     Point,
     Verdict,
     check_result,
     check_stall,
     numeric_metrics,
+    recent_count,
 )
 from rayguard.tune.decisions import RESTART, CheckpointRecord, Decision, decide, rewind
 from rayguard.tune.verify import checkpoint_is_good
@@ -92,7 +92,8 @@ class HealthCallback(Callback):
         self.event_log = event_log if event_log is not None else ev.EventLog()
         self._is_good = is_good_checkpoint
         self._clock = clock
-        self._history = max(self.health.window, self.health.min_results) + RECENT_INTERVALS + 2
+        self._history = (max(self.health.window, self.health.min_results)
+                         + recent_count(self.health) + 2)
         self._init_runtime()
 
     def _init_runtime(self) -> None:

@@ -24,8 +24,12 @@ MEMORY = "memory_growth"
 CHECKS = (NONFINITE, DIVERGENCE, STALL, THROUGHPUT, MEMORY)
 
 RECENT_INTERVALS = 3
-"""Throughput collapse needs this many consecutive slow results (one slow step, e.g. a
-checkpoint save, is not a collapse)."""
+"""Throughput collapse needs at least this many consecutive slow results (one slow step,
+e.g. a checkpoint save, is not a collapse); ``window // 4`` when that is more."""
+
+MIN_SLOW_INTERVAL_S = 0.5
+"""A result that took less than this is never "slow": sub-second jitter of the driver's
+result handling is not a throughput collapse."""
 
 
 @dataclass(frozen=True)
@@ -138,27 +142,34 @@ def intervals(points: Sequence[Point]) -> list[float]:
     return out
 
 
+def recent_count(health: HealthConfig) -> int:
+    """How many consecutive slow results make a collapse."""
+    return max(RECENT_INTERVALS, health.window // 4)
+
+
 def check_throughput(trial_id: str, points: Sequence[Point], health: HealthConfig,
                      now: float) -> Verdict | None:
-    """Results per second, over each of the last :data:`RECENT_INTERVALS` results, below
-    ``throughput_collapse_fraction`` x the trial's median rate over the window before them."""
+    """Results per second, over each of the last :func:`recent_count` results, below
+    ``throughput_collapse_fraction`` x the trial's median rate over the window before them
+    (and each of those results took at least :data:`MIN_SLOW_INTERVAL_S`)."""
     fraction = health.throughput_collapse_fraction
-    if fraction is None or len(points) < health.min_results + RECENT_INTERVALS:
+    recent_n = recent_count(health)
+    if fraction is None or len(points) < health.min_results + recent_n:
         return None
-    gaps = intervals(points[-(health.window + RECENT_INTERVALS + 1):])
-    recent, before = gaps[-RECENT_INTERVALS:], gaps[:-RECENT_INTERVALS]
-    if len(before) < health.min_results - 1:
+    gaps = intervals(points[-(health.window + recent_n + 1):])
+    recent, before = gaps[-recent_n:], gaps[:-recent_n]
+    if len(before) < health.min_results - 1 or min(recent) < MIN_SLOW_INTERVAL_S:
         return None
     median_gap = statistics.median(before)
     if median_gap <= 0:
         return None
     median_rate, threshold = 1.0 / median_gap, fraction / median_gap
-    rates = [1.0 / g if g > 0 else math.inf for g in recent]
-    if max(rates) >= threshold:
+    rate = 1.0 / min(recent)  # the fastest of the recent results
+    if rate >= threshold:
         return None
-    since = points[-RECENT_INTERVALS].iteration
-    return Verdict(trial_id, THROUGHPUT, None, max(rates), threshold, since, now,
-                   f"{max(rates):.3g} results/s over the last {RECENT_INTERVALS} results, "
+    since = points[-recent_n].iteration
+    return Verdict(trial_id, THROUGHPUT, None, rate, threshold, since, now,
+                   f"{rate:.3g} results/s or less over the last {recent_n} results, "
                    f"below {fraction} x the trial's median {median_rate:.3g}/s")
 
 

@@ -107,6 +107,12 @@ def test_throughput_collapse_needs_three_slow_results():
     assert v.since_iteration == 7  # first of the three slow results
 
 
+def test_throughput_sub_second_jitter_is_not_a_collapse():
+    fast = _timed([0.001] * 5 + [0.4, 0.4, 0.4])
+    assert c.check_throughput("t", fast, H, 0) is None
+    assert c.recent_count(HealthConfig(window=20)) == 5
+
+
 def test_throughput_healthy_and_edge():
     assert c.check_throughput("t", _timed([1.0] * 5 + [9.0, 9.0, 9.0]), H, 0) is None
     assert c.check_throughput("t", _timed([1.0, 20, 20, 20]), H, 0) is None  # too short
