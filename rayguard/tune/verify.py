@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+MANIFEST_NAME = "rayguard_manifest.json"  # rayguard.checkpoint.manifest.MANIFEST_NAME
+
 
 def _has_manifest(directory: Path) -> bool:
-    return any(p.is_file() for p in directory.glob("*rayguard*manifest*"))
+    return (directory / MANIFEST_NAME).is_file()
 
 
 def checkpoint_is_good(path: str) -> bool:
