@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rayguard.exceptions import ConfigError
 from rayguard.placement.topology import UNKNOWN_NUMA, GpuInfo, Topology
@@ -40,14 +41,13 @@ class WorkerRequest:
     """CPUs Ray reserved for the actor (the minimum the worker is bound to)."""
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, object]) -> WorkerRequest:
+    def from_dict(cls, raw: Mapping[str, Any]) -> WorkerRequest:
         """From the ``{"local_rank", "gpu_ids", "num_cpus"}`` dict the workers exchange."""
         gpu_ids = raw.get("gpu_ids") or ()
         if isinstance(gpu_ids, (str, int)):
             gpu_ids = (gpu_ids,)
-        return cls(int(raw["local_rank"]),  # type: ignore[call-overload]
-                   tuple(str(g) for g in gpu_ids),  # type: ignore[union-attr]
-                   float(raw.get("num_cpus", 1.0) or 0.0))  # type: ignore[arg-type]
+        return cls(int(raw["local_rank"]), tuple(str(g) for g in gpu_ids),
+                   float(raw.get("num_cpus", 1.0) or 0.0))
 
 
 @dataclass(frozen=True)
