@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING
 import ray
 from ray.train.v2._internal.execution.scaling_policy import (
     ElasticScalingPolicy,
+    ScalingDecision,
     ScalingPolicy,
     create_scaling_policy,
 )
 from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
     AUTOSCALING_REQUESTS_GET_TIMEOUT_S,
 )
+from ray.train.v2._internal.execution.worker_group import WorkerGroupPollStatus, WorkerGroupState
 from ray.train.v2._internal.util import time_monotonic
 
 from rayguard.elastic.geometry import largest_valid_at_most, valid_world_sizes
@@ -58,6 +60,20 @@ class ValidSizeElasticPolicy(ElasticScalingPolicy):
         self.fresh_cluster_view = fresh_cluster_view
         """Ask the coordinator to recompute reservations against live nodes on each query."""
         self._last_rounding: tuple[int, int] | None = None
+        self._was_running = False
+
+    def make_decision_for_running_worker_group(self, worker_group_state: WorkerGroupState,
+                                               worker_group_status: WorkerGroupPollStatus) -> ScalingDecision:
+        self._was_running = True
+        return super().make_decision_for_running_worker_group(worker_group_state, worker_group_status)
+
+    def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
+        if self._was_running and self.fresh_cluster_view:
+            # The group just failed or is being resized: the reservation cached by the running
+            # group's monitor (up to 1 s old) still counts a node that may have just died.
+            self._was_running = False
+            self._latest_reserved_resources_query_time = float("-inf")
+        return super().make_decision_for_non_running_worker_group()
 
     def _count_possible_workers(self, reserved_resources: ReservedResources) -> int:
         possible = super()._count_possible_workers(reserved_resources)

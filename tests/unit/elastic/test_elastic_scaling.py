@@ -77,3 +77,41 @@ def test_accepts_a_guard_config() -> None:
     assert not isinstance(make_scaling_policy(sc, GuardConfig()), ValidSizeElasticPolicy)
     with pytest.raises(ConfigError, match="num_workers=3"):
         make_scaling_policy(ScalingConfig(num_workers=3), GuardConfig(global_batch_size=8, micro_batch_size=2))
+
+
+class _FakeCoordinator:
+    """Stands in for Ray's autoscaling coordinator: reservations over a mutable node list."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+        self.recompute_calls = 0
+        outer = self
+
+        class _Method:
+            @staticmethod
+            def remote(requester_id: str, recompute: bool = False) -> dict[str, dict[str, float]]:
+                outer.recompute_calls += recompute
+                return reserved(outer.nodes)
+
+        self.get_reserved_resources = _Method()
+
+
+def test_restart_after_node_loss_uses_a_fresh_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from rayguard.elastic import scaling
+
+    sc = ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1}, elastic_resize_monitor_interval_s=0)
+    policy = make_scaling_policy(sc, [1, 2, 3])
+    coordinator = _FakeCoordinator([1, 1, 1])
+    policy._requester_id = "train-x"
+    policy._coordinator_client = SimpleNamespace(_autoscaling_coordinator=coordinator)  # type: ignore[assignment]
+    policy._maybe_send_resource_request = lambda: None  # type: ignore[method-assign]
+    monkeypatch.setattr(scaling.ray, "get", lambda value, timeout=None: value)
+
+    running = SimpleNamespace(start_time=float("-inf"), num_workers=3)
+    assert isinstance(policy.make_decision_for_running_worker_group(running, None), NoopDecision)  # type: ignore[arg-type]
+    coordinator.nodes = [1, 1]  # a node dies; the group fails at once (well within Ray's 1 s cache)
+    decision = policy.make_decision_for_non_running_worker_group()
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    assert coordinator.recompute_calls == 2
