@@ -10,6 +10,7 @@ through numpy dtypes. No Ray import here: unit tests drive this with plain pickl
 from __future__ import annotations
 
 import pickle
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,7 @@ def decode(payload: tuple) -> torch.Tensor:
 
     Raises SerializationError naming dtype, shape and device on any failure.
     """
+    _auto_register()
     if payload[0] == "torch":
         return payload[1](*payload[2])
     _, header, data = payload
@@ -103,6 +105,18 @@ def decode(payload: tuple) -> torch.Tensor:
         raise SerializationError(
             f"cannot rebuild {header.describe()}: {type(e).__name__}: {e}"
         ) from e
+
+
+_auto_registered = False
+
+
+def _auto_register() -> None:
+    global _auto_registered
+    if not _auto_registered and "ray" in sys.modules:
+        _auto_registered = True
+        from rayguard.serialization.register import ensure_registered_on_receipt
+
+        ensure_registered_on_receipt()
 
 
 def _dtype(header: TensorHeader) -> torch.dtype:

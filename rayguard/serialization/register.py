@@ -6,24 +6,40 @@ pickles. The payload names ``codec.decode`` by module path, so a receiving proce
 rayguard importable but no registration of its own; it needs registration only to *send*
 tensors the fast way (task returns, ``ray.put`` in a worker, actor results). Hence: register
 in the driver and in every worker process.
+
+A process that *receives* a rayguard-encoded tensor also registers itself (once, unless it
+called :func:`deregister_tensor_serializers` or ``RAYGUARD_SERIALIZERS=0``): processes that
+relay tensors they were given, such as Ray Train's controller passing ``train_loop_config``
+to the workers, would otherwise re-send them through torch's default pickling, which
+cannot rebuild float8 tensors (``UntypedStorage has no attribute dtype``).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from typing import Any
 
 from rayguard.serialization.policy import SerializerPolicy, set_policy
 
-_lock = threading.Lock()
+SERIALIZERS_ENV_VAR = "RAYGUARD_SERIALIZERS"  # "0": no registration on receipt
+
+_lock = threading.RLock()
 _previous: dict[type, Any] = {}  # reducers we replaced (e.g. Ray's zero-copy one)
-_registered = False
+_opted_out = False  # deregister_tensor_serializers() was called: never auto-register
 
 
 def _tensor_types() -> tuple[type, ...]:
     import torch
 
     return (torch.Tensor, torch.nn.Parameter)
+
+
+def _dispatch() -> Any:
+    import ray.cloudpickle
+
+    return ray.cloudpickle.CloudPickler.dispatch
 
 
 def register_tensor_serializers(cuda: str = "receiver", zero_copy: bool = True) -> None:
@@ -35,8 +51,7 @@ def register_tensor_serializers(cuda: str = "receiver", zero_copy: bool = True) 
     tensors copy-on-write (``False``: always copy). Usable as a Ray
     ``worker_process_setup_hook``: ``"rayguard.serialization.register_tensor_serializers"``.
     """
-    global _registered
-    import ray.cloudpickle
+    global _opted_out
     from ray.util import register_serializer
 
     from rayguard.serialization.codec import decode, encode
@@ -44,11 +59,11 @@ def register_tensor_serializers(cuda: str = "receiver", zero_copy: bool = True) 
     set_policy(SerializerPolicy(cuda=cuda, zero_copy=zero_copy))
     with _lock:
         for cls in _tensor_types():
-            current = ray.cloudpickle.CloudPickler.dispatch.get(cls)
+            current = _dispatch().get(cls)
             if not _is_ours(current):
                 _previous[cls] = current
             register_serializer(cls, serializer=encode, deserializer=decode)
-        _registered = True
+        _opted_out = False
 
 
 def deregister_tensor_serializers() -> None:
@@ -56,21 +71,47 @@ def deregister_tensor_serializers() -> None:
 
     Restores whatever reducer was there before (Ray's default pickling, or Ray's zero-copy
     reducer when ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS`` was set) and the default policy.
+    This process will then not re-register on receipt either.
     """
-    global _registered
-    import ray.cloudpickle
+    global _opted_out
     from ray.util import deregister_serializer
 
     with _lock:
         for cls in _tensor_types():
-            if not _is_ours(ray.cloudpickle.CloudPickler.dispatch.get(cls)):
+            if not _is_ours(_dispatch().get(cls)):
                 continue
             deregister_serializer(cls)
             previous = _previous.pop(cls, None)
             if previous is not None:
-                ray.cloudpickle.CloudPickler.dispatch[cls] = previous
-        _registered = False
+                _dispatch()[cls] = previous
+        _opted_out = True
     set_policy(None)
+
+
+def ensure_registered_on_receipt() -> None:
+    """Called by the decoder: register in a receiving process that never opted out.
+
+    Writes Ray's per-process dispatch table directly (what ``register_serializer`` does)
+    without taking Ray's worker lock, since it runs in the middle of deserialization.
+    """
+    if _opted_out or os.environ.get(SERIALIZERS_ENV_VAR, "1") == "0":
+        return
+    if "ray" not in sys.modules:  # plain pickle outside Ray: nothing to register with
+        return
+    dispatch = _dispatch()
+    with _lock:
+        for cls in _tensor_types():
+            current = dispatch.get(cls)
+            if not _is_ours(current):
+                _previous[cls] = current
+                dispatch[cls] = _reduce
+
+
+def _reduce(obj: Any) -> tuple:
+    """The reducer installed on receipt (the same shape as Ray's wrapper)."""
+    from rayguard.serialization.codec import decode, encode
+
+    return decode, (encode(obj),)
 
 
 def is_registered() -> bool:
@@ -80,16 +121,12 @@ def is_registered() -> bool:
     return _is_ours(_dispatch().get(torch.Tensor))
 
 
-def _dispatch() -> Any:
-    import ray.cloudpickle
-
-    return ray.cloudpickle.CloudPickler.dispatch
-
-
 def _is_ours(reducer: Any) -> bool:
     """Ray wraps our pair in a closure; recognise it by the deserializer it captured."""
     if reducer is None:
         return False
+    if reducer is _reduce:
+        return True
     from rayguard.serialization.codec import decode
 
     cells = getattr(reducer, "__closure__", None) or ()

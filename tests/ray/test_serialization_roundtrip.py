@@ -160,3 +160,32 @@ def test_register_is_idempotent_and_deregister_restores_ray_default(ray_local) -
     assert torch.equal(ray.get(ray.put(x)), x)  # Ray's own pickling again
     register_tensor_serializers()
     assert is_registered()
+
+
+@ray.remote
+class Relay:
+    """Never calls register_tensor_serializers itself."""
+
+    def __init__(self) -> None:
+        self.value = None
+
+    def keep(self, x) -> bool:
+        from rayguard.serialization import is_registered
+
+        self.value = x
+        return is_registered()
+
+    def give(self):
+        return self.value
+
+
+def test_a_process_that_receives_relays_through_rayguard(ray_registered) -> None:
+    """Ray Train's controller forwards train_loop_config like this: torch's default pickling
+    would fail to rebuild float8 in the next process."""
+    relay = Relay.remote()
+    try:
+        f8 = make(torch.float8_e5m2, (16,), 3)
+        assert ray.get(relay.keep.remote({"w": f8}))  # registered on receipt
+        assert same(ray.get(relay.give.remote())["w"], f8)
+    finally:
+        ray.kill(relay)
