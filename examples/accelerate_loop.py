@@ -36,7 +36,7 @@ def train_fn(config):
 
 
 def main() -> None:
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     result = rayguard.RobustTrainer(
         train_fn, train_loop_config={"epochs": 3},
         scaling_config=ScalingConfig(num_workers=2),

@@ -42,7 +42,7 @@ def train_fn(config):
 
 
 def main() -> None:
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # a new local cluster
     trainer = rayguard.RobustTrainer(
         train_fn,
         train_loop_config={"lr": 0.05, "steps": 60},

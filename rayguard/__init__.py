@@ -7,11 +7,29 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any
+
 from rayguard import train
 from rayguard.config import GuardConfig
 from rayguard.exceptions import ConfigError, RayGuardError
 from rayguard.health.config import HealthConfig
-from rayguard.trainer import RobustTrainer
+
+if TYPE_CHECKING:
+    from rayguard.trainer import RobustTrainer
+
+
+def __getattr__(name: str) -> Any:
+    # Ray Train's torch trainer takes seconds to import; tools that only read checkpoints or
+    # run the doctor should not pay for it.
+    if name == "RobustTrainer":
+        from rayguard.trainer import RobustTrainer
+
+        return RobustTrainer
+    if name in ("checkpoint", "doctor", "elastic", "events", "serialization", "testing", "tune"):
+        import importlib
+
+        return importlib.import_module(f"rayguard.{name}")
+    raise AttributeError(f"module 'rayguard' has no attribute {name!r}")
 
 __all__ = [
     "ConfigError",

@@ -140,9 +140,16 @@ class RobustTrainer(TorchTrainer):
             self._coordinator = None
 
     def _set_env(self) -> dict[str, str | None]:
-        """Variables the controller and workers must see (Ray propagates the controller's
-        environment to its workers)."""
-        wanted = dict(propagated_env())
+        """Ray copies its own train variables (the poll interval among them) from the driver
+        to the controller; rayguard's ``RAYGUARD_*`` variables set in the driver go to the
+        workers through ``worker_runtime_env`` (values the user put there win)."""
+        worker_env = self.run_config.worker_runtime_env
+        env_vars = dict(worker_env.get("env_vars") or {})
+        for key, value in propagated_env().items():
+            env_vars.setdefault(key, value)
+        if env_vars:
+            worker_env["env_vars"] = env_vars
+        wanted = {}
         if RAY_TRAIN_POLL_INTERVAL_ENV_VAR not in os.environ:
             wanted[RAY_TRAIN_POLL_INTERVAL_ENV_VAR] = str(self.guard_config.controller_poll_interval_s)
         saved = {k: os.environ.get(k) for k in wanted}

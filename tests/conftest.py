@@ -40,6 +40,13 @@ def ray_local():
     yield ray
 
 
+@pytest.fixture(scope="module")
+def ray_local_module():
+    """The same shared local cluster, for module-scoped fixtures."""
+    ray = start_local_ray()
+    yield ray
+
+
 @pytest.fixture
 def no_ray():
     """Tests that must start their own cluster call this first."""

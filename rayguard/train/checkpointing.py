@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayguard.exceptions import CheckpointError
@@ -29,11 +30,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rayguard")
 
 _META = "__rayguard__"
-STAGING_PREFIX = ".staging-"
 
 
 def checkpoint_name(step: int, attempt: int) -> str:
     return f"checkpoint_{step:09d}_a{attempt}"
+
+
+def _canonical_keys(state: Any) -> Any:
+    """Strip DDP/compile wrapper prefixes (``module.``) from the state dicts in ``state``, so a
+    state saved from a wrapped model loads into an unwrapped one; for a wrapped target use
+    ``rayguard.checkpoint.normalize_state_dict_keys(sd, like=model.state_dict())``."""
+    from rayguard.checkpoint import normalize_state_dict_keys
+    from rayguard.checkpoint.keys import WRAPPER_PREFIXES
+
+    if not isinstance(state, dict):
+        return state
+    out = {}
+    for key, value in state.items():
+        if (isinstance(value, dict) and value and all(isinstance(k, str) for k in value)
+                and any(k.startswith(WRAPPER_PREFIXES) for k in value)):
+            value = normalize_state_dict_keys(value)
+        out[key] = value
+    return out
 
 
 def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
@@ -48,10 +66,10 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
         return None
     step = intents[0][1]
     name = checkpoint_name(step, ctx.attempt)
-    staging = os.path.join(ctx.run_dir, STAGING_PREFIX + name)
     final = os.path.join(ctx.run_dir, name)
+    staging = str(ck.staging_dir_for(final))
     payload = {_META: {"rng": ck.capture_rng_state(), "has_state": state is not None},
-               "state": ck.strip_ddp_prefix(state) if state is not None else None}
+               "state": _canonical_keys(state)}
     try:
         record: Any = ck.write_shard(staging, ctx.rank, payload)
     except Exception as exc:
@@ -68,7 +86,7 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
         return None
     path = ck.commit(staging, final, records, world_size=ctx.world_size, step=step,
                      metadata={"attempt": ctx.attempt})
-    total = sum(f.size for r in records for f in r.files)
+    total = sum(f.size_bytes for r in records for f in r.files)
     session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
                    f"{len(records)} shard(s))", step=step, path=str(path), bytes=total)
     from ray.train import Checkpoint
@@ -87,12 +105,13 @@ def _choose_checkpoint(session: WorkerSession) -> str | None:
     rejected: dict[str, str] = {}
     if session.coordinator is not None:
         rejected = ray.get(session.coordinator.rejected_checkpoints.remote())
-    found = ck.find_latest_valid(ctx.run_dir, skip=set(rejected))
-    for path, why in found.rejected:
-        session.record("checkpoint_rejected", f"{path}: {why}", path=str(path))
+    found = ck.scan(ctx.run_dir, skip=set(rejected))
+    for rejection in found.rejected:
+        why = rejection.describe()
+        session.record("checkpoint_rejected", f"skipped {why}", path=rejection.path)
         if session.coordinator is not None:
-            session.coordinator.reject_checkpoint.remote(str(path), why)
-    return None if found.path is None else str(found.path)
+            session.coordinator.reject_checkpoint.remote(rejection.path, why)
+    return None if found.chosen is None else str(found.chosen)
 
 
 def load_state(session: WorkerSession) -> Any:
@@ -106,12 +125,13 @@ def load_state(session: WorkerSession) -> Any:
     session.watchdog.heartbeat()
     if chosen is None:
         return None
-    own = ck.read_shard(chosen, ctx.rank, exact=True)
+    manifest = ck.read_manifest(Path(chosen))
+    own = ck.read_shard(chosen, ctx.rank) if manifest.files_of(ctx.rank) else None
     meta = (own or {}).get(_META, {})
     if own is not None and meta.get("has_state"):
         state = own["state"]
     else:
-        shared = ck.read_shard(chosen, 0, exact=True)
+        shared = ck.read_shard(chosen, 0) if manifest.files_of(0) else None
         if shared is None or not shared.get(_META, {}).get("has_state"):
             raise CheckpointError(
                 f"rank {ctx.rank}: checkpoint {chosen} has no state for this rank and no "
