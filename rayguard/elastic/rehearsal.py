@@ -13,11 +13,14 @@ worker node mid-run and Ray kills the worker on it, exactly as when a machine di
         cluster.add_worker_node()               # and grows back to 3
         result = cluster.join(thread)
 
-It starts its own Ray instance: call it where no other ``ray.init`` is active.
+It starts its own Ray instance: call it where no other ``ray.init`` is active, and let the
+run finish before leaving the ``with`` block (a ``fit()`` still running when Ray shuts down
+would start or join another Ray instance).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +53,8 @@ class SimulatedCluster:
         self.cluster: Any = None
         self.nodes: list[Any] = []
         self._result: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+        self._saved_address: str | None = None
 
     def __enter__(self) -> SimulatedCluster:
         import ray
@@ -62,15 +67,32 @@ class SimulatedCluster:
         for _ in range(self.worker_nodes):
             self.add_worker_node()
         ray.init(address=self.cluster.address)
+        # A bare ray.init() in this process (e.g. a late one from a background fit) must
+        # reach this cluster, never another Ray instance on the machine.
+        self._saved_address = os.environ.get("RAY_ADDRESS")
+        os.environ["RAY_ADDRESS"] = self.cluster.address
         return self
 
     def __exit__(self, *exc: object) -> None:
         import ray
 
+        alive = False
+        for thread in self._threads:
+            thread.join(timeout=0 if exc[0] is not None else 60)
+            alive = alive or thread.is_alive()
         ray.shutdown()
         if self.cluster is not None:
             self.cluster.shutdown()
         self.cluster = None
+        if alive:  # keep RAY_ADDRESS on the dead cluster: a late ray.init() fails, attaches nowhere
+            if exc[0] is None:
+                raise RayGuardError("SimulatedCluster: fit() still running at exit; end the run "
+                                    "(e.g. a stop file the training loop checks) before leaving")
+            return
+        if self._saved_address is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = self._saved_address
 
     def add_worker_node(self) -> Any:
         """Add a worker node (call from the main thread: Ray installs signal handlers)."""
@@ -96,6 +118,7 @@ class SimulatedCluster:
 
         thread = threading.Thread(target=run, name="rayguard-rehearsal-fit", daemon=True)
         thread.start()
+        self._threads.append(thread)
         return thread
 
     def join(self, thread: threading.Thread, timeout_s: float = 300.0) -> Any:

@@ -88,7 +88,7 @@ def plain_loop(config: dict) -> None:
     if ck:
         with ck.as_directory() as d, open(os.path.join(d, "s.json")) as f:
             step = json.load(f)["step"]
-    while step < config["steps"]:
+    while not os.path.exists(config["stop_file"]):
         time.sleep(config["step_s"])
         step += 1
         _log_step(config["out"], ws, step)
@@ -107,7 +107,7 @@ def guarded_loop(config: dict) -> None:
     ctx = rayguard.train.get_context()
     state = rayguard.train.load_state()
     step = state["step"] if state else 0
-    while step < config["steps"]:
+    while not os.path.exists(config["stop_file"]):
         time.sleep(config["step_s"])
         step += 1
         _log_step(config["out"], ctx.world_size, step)
@@ -132,7 +132,8 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
     root = tempfile.mkdtemp(prefix=f"bench-elastic-{kind}-")
     out = os.path.join(root, "steps")
     os.makedirs(out)
-    config = {"out": out, "steps": 10**6, "step_s": step_s}
+    stop_file = os.path.join(root, "stop")
+    config = {"out": out, "stop_file": stop_file, "step_s": step_s}
     scaling = ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1},
                             elastic_resize_monitor_interval_s=1.0)
     run = RunConfig(storage_path=root, name=kind, failure_config=FailureConfig(max_failures=-1))
@@ -144,7 +145,7 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
             trainer = rayguard.RobustTrainer(guarded_loop, train_loop_config=config, scaling_config=scaling,
                                              run_config=run, guard_config=rayguard.GuardConfig(
                                                  global_batch_size=6, micro_batch_size=1))
-        cluster.fit_in_background(trainer)
+        thread = cluster.fit_in_background(trainer)
 
         def first_step(ws: int, after: float) -> float | None:
             ts = [e["t"] for e in _events(out) if e["ws"] == ws and e["t"] > after]
@@ -158,7 +159,8 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
         t_add = time.time()
         cluster.add_worker_node()
         t_grown = wait_for(lambda: first_step(3, t_add), timeout_s=240, what="first step on 3 workers")
-        # the run is endless: leaving the block shuts the cluster (and the run) down
+        open(stop_file, "w").close()  # the loops return; the run ends before the cluster goes
+        cluster.join(thread, timeout_s=120)
     return t_shrunk - t_remove, t_grown - t_add
 
 
