@@ -138,9 +138,18 @@ def test_sparse_tensors_take_torchs_path() -> None:
     i = torch.tensor([[0, 1, 1], [2, 0, 2]])
     coo = torch.sparse_coo_tensor(i, torch.tensor([3.0, 4.0, 5.0], dtype=torch.bfloat16), (2, 3))
     csr = torch.randn(4, 5).relu().to_sparse_csr()
-    out_coo, out_csr = roundtrip([coo, csr])
+    dense = torch.randn(4, 6).relu()
+    others = [dense.to_sparse_csc(), dense.to_sparse_bsr((2, 2)), dense.to_sparse_bsc((2, 2))]
+    out_coo, out_csr, *out_others = roundtrip([coo, csr, *others])
     assert out_coo.is_sparse and torch.equal(out_coo.to_dense(), coo.to_dense())
     assert out_csr.layout == torch.sparse_csr and torch.equal(out_csr.to_dense(), csr.to_dense())
+    for got, sent in zip(out_others, others):
+        assert got.layout == sent.layout and torch.equal(got.to_dense(), dense)
+
+
+def test_meta_tensors_take_torchs_path() -> None:
+    y = roundtrip(torch.empty(3, 2, device="meta", dtype=torch.bfloat16))
+    assert y.device.type == "meta" and y.shape == (3, 2) and y.dtype == torch.bfloat16
 
 
 def test_python_attributes_kept() -> None:
