@@ -85,7 +85,7 @@ def encode(t: torch.Tensor) -> tuple:
     )
     if t.numel() == 0:
         return ("raw", header, b"")
-    return ("raw", header, pickle.PickleBuffer(_host_bytes(t).numpy()))
+    return ("raw", header, pickle.PickleBuffer(_host_bytes(t).numpy()))  # type: ignore[arg-type]
 
 
 def decode(payload: tuple) -> torch.Tensor:

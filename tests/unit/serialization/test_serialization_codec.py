@@ -143,7 +143,7 @@ def test_sparse_tensors_take_torchs_path() -> None:
     out_coo, out_csr, *out_others = roundtrip([coo, csr, *others])
     assert out_coo.is_sparse and torch.equal(out_coo.to_dense(), coo.to_dense())
     assert out_csr.layout == torch.sparse_csr and torch.equal(out_csr.to_dense(), csr.to_dense())
-    for got, sent in zip(out_others, others):
+    for got, sent in zip(out_others, others, strict=True):
         assert got.layout == sent.layout and torch.equal(got.to_dense(), dense)
 
 
