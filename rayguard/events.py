@@ -10,6 +10,7 @@ One JSON object a line with at least ``time``, ``kind``, ``rank``, ``node``, ``s
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -46,10 +47,14 @@ class EventLog:
     def append(self, event: dict[str, Any]) -> None:
         line = json.dumps(event, default=str, sort_keys=True) + "\n"
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(line)
+                    f.flush()
+            except OSError as exc:  # a full disk must not turn into a second failure
+                logging.getLogger("rayguard").warning(
+                    "rayguard: could not write event %s to %s: %s", event.get("kind"), self.path, exc)
 
 
 def events_path(run_dir: str | os.PathLike[str]) -> Path:

@@ -1,0 +1,117 @@
+"""Verified checkpoints inside RobustTrainer runs, with real faults on disk and in processes:
+a corrupt or truncated latest checkpoint, a worker killed mid-commit, a full disk, and a
+restore with another world size."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import pytest
+import torch
+from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+
+import rayguard
+from rayguard import checkpoint as ck
+from rayguard.events import read as read_events
+
+
+def ckpt_loop(config):
+    import rayguard.checkpoint.fsio as fsio
+
+    ctx = rayguard.train.get_context()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    state = rayguard.train.load_state()
+    start = 0 if state is None else state["step"] + 1
+    if state is not None:
+        model.load_state_dict(state["model"])
+    if config.get("kill_in_commit_at") is not None and ctx.attempt == 0 and ctx.rank == 0:
+        def die_before_publish(phase, path):
+            if phase == "manifest-written" and f"{config['kill_in_commit_at']:09d}" in path:
+                os.kill(os.getpid(), 9)
+        fsio.set_phase_hook(die_before_publish)
+    for step in range(start, config["steps"]):
+        with torch.no_grad():
+            model.weight.add_(0.01)
+        if config.get("fill_disk_at") == step and ctx.rank == 0:
+            with fsio.inject_write_error(errno.ENOSPC):
+                rayguard.train.report({"loss": 1.0, "step": step},
+                                      state={"model": model.state_dict(), "step": step})
+        rayguard.train.report({"loss": 1.0, "step": step, "start": start,
+                               "world": ctx.world_size},
+                              state={"model": model.state_dict(), "step": step}
+                              if ctx.rank == 0 else None)
+
+
+def _trainer(tmp_path, name, steps, *, workers=2, keep=None, restarts=3, **config):
+    return rayguard.RobustTrainer(
+        ckpt_loop, train_loop_config={"steps": steps, **config},
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(storage_path=str(tmp_path), name=name,
+                             checkpoint_config=CheckpointConfig(num_to_keep=keep)),
+        guard_config=rayguard.GuardConfig(
+            numa="off", health=rayguard.HealthConfig(max_restarts=restarts)))
+
+
+def _committed(run_dir):
+    return sorted(p for p in os.listdir(run_dir)
+                  if p.startswith("checkpoint_") and os.path.isdir(os.path.join(run_dir, p)))
+
+
+def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_path):
+    result = _trainer(tmp_path, "run", steps=5, keep=3).fit()
+    names = _committed(result.path)
+    assert len(names) == 3  # CheckpointConfig(num_to_keep=3) still works
+    assert result.checkpoint.path.endswith(names[-1])
+    newest, second, third = (os.path.join(result.path, n) for n in reversed(names))
+    shard = next(p for p in os.listdir(newest) if p.endswith(".safetensors"))
+    with open(os.path.join(newest, shard), "r+b") as f:  # flip one byte
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    shard2 = os.path.join(second, shard)
+    os.truncate(shard2, os.path.getsize(shard2) - 10)
+    assert not ck.verify(newest).ok and not ck.verify(second).ok
+
+    # Resume the same run with ONE worker: replicated state loads with another world size.
+    again = _trainer(tmp_path, "run", steps=6, workers=1).fit()
+    assert again.metrics["start"] == 3 and again.metrics["world"] == 1
+    events = read_events(again.path)
+    rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
+    assert {os.path.basename(e["path"]) for e in rejected} == {os.path.basename(newest),
+                                                               os.path.basename(second)}
+    assert any(shard in e["detail"] for e in rejected)
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert restored[-1]["step"] == 2 and third.endswith(os.path.basename(restored[-1]["path"]))
+    # The rayguard CLI agrees.
+    cli = subprocess.run([".venv/bin/python", "-m", "rayguard", "checkpoint", "verify", newest],
+                         capture_output=True, text=True)
+    assert cli.returncode == 1
+
+
+def test_worker_killed_mid_commit_leaves_nothing_half_written(ray_local, tmp_path):
+    result = _trainer(tmp_path, "killed", steps=5, kill_in_commit_at=3).fit()
+    events = read_events(result.path)
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert restored and restored[0]["step"] == 2  # step 3 was never committed in attempt 0
+    assert not [p for p in os.listdir(result.path) if p.startswith(".rayguard-staging-")]
+    for name in _committed(result.path):
+        assert ck.verify(os.path.join(result.path, name)).ok
+
+
+def test_full_disk_fails_cleanly_and_keeps_earlier_checkpoints(ray_local, tmp_path):
+    trainer = _trainer(tmp_path, "full", steps=5, fill_disk_at=3, restarts=0)
+    with pytest.raises(Exception) as err:
+        trainer.fit()
+    text = str(err.value)
+    print(text)
+    assert "No space left on device" in text and "checkpoint of step 3 was not saved" in text
+    run_dir = os.path.join(tmp_path, "full")
+    names = _committed(run_dir)
+    assert [int(n.split("_")[1]) for n in names] == [0, 1, 2]
+    assert all(ck.verify(os.path.join(run_dir, n)).ok for n in names)
+    assert not [p for p in os.listdir(run_dir) if p.startswith(".rayguard-staging-")]
+    assert [e for e in read_events(run_dir) if e["kind"] == "failed"]
