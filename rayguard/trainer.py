@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
-from ray.train import FailureConfig, Result, RunConfig
-from ray.train.torch import TorchTrainer
+from ray.train import Result
+from ray.train.v2.api.config import (  # what ray.train exports under V2
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+from ray.train.v2.torch.torch_trainer import TorchTrainer  # = ray.train.torch.TorchTrainer
 
 from rayguard.config import GuardConfig
 from rayguard.constants import RAY_TRAIN_POLL_INTERVAL_ENV_VAR, propagated_env
@@ -36,6 +41,13 @@ class RobustTrainer(TorchTrainer):
     checkpointed with verification. Takes every ``TorchTrainer`` argument plus
     ``guard_config``."""
 
+    scaling_config: ScalingConfig
+
+    @property
+    def _rc(self) -> RunConfig:
+        """``self.run_config`` as the V2 type it is at run time."""
+        return cast(RunConfig, self.run_config)
+
     def __init__(self, train_loop_per_worker: Any, *, guard_config: GuardConfig | None = None,
                  run_config: RunConfig | None = None, **kwargs: Any) -> None:
         if guard_config is None:
@@ -54,12 +66,12 @@ class RobustTrainer(TorchTrainer):
     @property
     def run_dir(self) -> str:
         """The run directory (``Result.path``)."""
-        return self.run_config.storage_context.experiment_fs_path
+        return self._rc.storage_context.experiment_fs_path
 
     def _local_run_dir(self) -> str:
         from pyarrow.fs import LocalFileSystem
 
-        storage = self.run_config.storage_context
+        storage = self._rc.storage_context
         if not isinstance(storage.storage_filesystem, LocalFileSystem):
             raise ConfigError(
                 f"RunConfig(storage_path={self.run_config.storage_path!r}): rayguard's verified "
@@ -90,7 +102,7 @@ class RobustTrainer(TorchTrainer):
         from rayguard.health.failure_policy import GuardFailurePolicy
 
         controller_init_kwargs["failure_policy"] = GuardFailurePolicy(
-            self.run_config.failure_config)
+            cast(FailureConfig, self._rc.failure_config))
         scaling_policy = self._scaling_policy()
         if scaling_policy is not None:
             controller_init_kwargs["scaling_policy"] = scaling_policy
@@ -143,7 +155,7 @@ class RobustTrainer(TorchTrainer):
         """Ray copies its own train variables (the poll interval among them) from the driver
         to the controller; rayguard's ``RAYGUARD_*`` variables set in the driver go to the
         workers through ``worker_runtime_env`` (values the user put there win)."""
-        worker_env = self.run_config.worker_runtime_env
+        worker_env = cast(dict, self._rc.worker_runtime_env)
         env_vars = dict(worker_env.get("env_vars") or {})
         for key, value in propagated_env().items():
             env_vars.setdefault(key, value)

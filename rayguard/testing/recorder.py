@@ -6,7 +6,8 @@ import json
 import os
 from typing import Any
 
-from ray.train import RunConfig, ScalingConfig, UserCallback
+from ray.train import UserCallback
+from ray.train.v2.api.config import RunConfig, ScalingConfig
 
 import rayguard
 

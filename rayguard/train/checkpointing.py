@@ -119,7 +119,7 @@ def load_state(session: WorkerSession) -> Any:
 
     ctx = session.ctx
     session.injector.on_load()
-    session.load_count = getattr(session, "load_count", 0) + 1
+    session.load_count += 1
     chosen = _choose_checkpoint(session) if ctx.rank == 0 else None
     chosen = session.gather(f"load{session.load_count}", chosen)[0]
     session.watchdog.heartbeat()

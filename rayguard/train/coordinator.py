@@ -81,10 +81,8 @@ class RunCoordinator:
 def start_coordinator(events_file: str):
     """Start the run's coordinator on the driver's node (no CPU reserved)."""
     import ray
-    from ray._raylet import RAY_NODE_ID_KEY
+    from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]
 
-    actor_cls = ray.remote(num_cpus=0, max_concurrency=1024)(RunCoordinator)
+    actor_cls = ray.remote(RunCoordinator).options(num_cpus=0, max_concurrency=1024)
     node_id = ray.get_runtime_context().get_node_id()
-    return actor_cls.options(
-        label_selector={RAY_NODE_ID_KEY: node_id},
-    ).remote(events_file)
+    return actor_cls.options(label_selector={RAY_NODE_ID_KEY: node_id}).remote(events_file)

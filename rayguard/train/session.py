@@ -61,6 +61,7 @@ class WorkerSession:
         self.last_step = -1
         self.report_count = 0
         self.loaded_step: int | None = None
+        self.load_count = 0
         self.block_times_s: list[float] = []
 
     # -- coordinator helpers --------------------------------------------------------------

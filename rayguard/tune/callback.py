@@ -127,7 +127,8 @@ class HealthCallback(Callback):
         self._stop_requested = True
 
     # -- Tune hooks (driver, Tune's event loop) ----------------------------------------
-    def setup(self, **info: Any) -> None:
+    def setup(self, stop: Any = None, num_samples: Any = None,  # type: ignore[override]
+              total_num_samples: Any = None, **info: Any) -> None:
         self._controller = None
 
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
@@ -158,7 +159,8 @@ class HealthCallback(Callback):
             due = [(t, self._watch[t.trial_id].pending) for t in trials
                    if t.trial_id in self._watch and self._watch[t.trial_id].pending]
         for trial, decision in due:
-            self._apply(trial, decision)
+            if decision is not None:
+                self._apply(trial, decision)
 
     def _bind(self, trials: list[Trial]) -> None:
         self._controller = executor.find_controller()

@@ -72,7 +72,7 @@ def find_controller(max_depth: int = 10) -> Any:
         if isinstance(candidate, TuneController):
             _missing(candidate, CONTROLLER_ATTRS, "TuneController")
             return candidate
-        frame = frame.f_back
+        frame = frame.f_back  # type: ignore[assignment]
     raise TuneInternalsError(
         "HealthCallback could not find the Ray Tune controller calling it. Use it as a "
         "callback of a Tuner (RunConfig(callbacks=[...])) or through rayguard.tune.run")
@@ -100,7 +100,7 @@ def _end_actor(controller: Any, trial: Trial, exception: Exception) -> None:
 
 def set_restore_point(trial: Trial, checkpoint: CheckpointRecord | None) -> None:
     """Make Tune restore ``trial`` from ``checkpoint`` (``None``: from scratch)."""
-    manager = trial.run_metadata.checkpoint_manager
+    manager: Any = trial.run_metadata.checkpoint_manager
     _missing(manager, ("_latest_checkpoint_result", "_checkpoint_results"),
              "_CheckpointManager")
     upto = checkpoint.iteration if checkpoint else 0
@@ -123,7 +123,7 @@ def restart_trial(controller: Any, trial: Trial, checkpoint: CheckpointRecord | 
 def fail_trial(controller: Any, trial: Trial, reason: str) -> None:
     """End the trial as errored with ``reason`` (as Tune ends a trial out of retries)."""
     error = HealthError(reason)
-    trial.handle_error(error)
+    trial.handle_error(error)  # type: ignore[arg-type]
     controller._has_errored = True
     controller._scheduler_alg.on_trial_error(controller, trial)
     controller._search_alg.on_trial_complete(trial.trial_id, error=True)
@@ -155,6 +155,6 @@ def interrupt_experiment(controller: Any, max_depth: int = 12) -> bool:
         if isinstance(event, threading.Event) and frame.f_code.co_name == "run":
             event.set()
             return True
-        frame = frame.f_back
+        frame = frame.f_back  # type: ignore[assignment]
     controller.request_stop_experiment()
     return False

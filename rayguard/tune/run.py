@@ -71,12 +71,12 @@ def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
                                "leave run_config and tune_config out when passing restore=")
         tuner = tune.Tuner.restore(restore, trainable, resume_errored=resume_errored,
                                    param_space=param_space)
-        stored = tuner._local_tuner.get_run_config()  # the unpickled RunConfig
+        stored = tuner._local_tuner.get_run_config()  # type: ignore[union-attr]  # the unpickled RunConfig
         stored.callbacks = _with_callback(stored.callbacks, callback)
     else:
         run_config = copy.copy(run_config) if run_config is not None else tune.RunConfig()
         run_config.callbacks = _with_callback(run_config.callbacks, callback)
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                            run_config=run_config)
-        stored = tuner._local_tuner.get_run_config()
+        stored = tuner._local_tuner.get_run_config()  # type: ignore[union-attr]
     return TuneRun(tuner, callback, _experiment_path(stored))
