@@ -77,6 +77,16 @@ def _log_step(out: str, ws: int, step: int) -> None:
         f.write(json.dumps({"t": time.time(), "ws": ws, "step": step}) + "\n")
 
 
+def _stop_step(config: dict) -> float:
+    """The step every rank stops after: the driver writes one a few steps ahead, so that all
+    ranks stop at the same step (a rank leaving early would block the others' report)."""
+    try:
+        with open(config["stop_file"]) as f:
+            return int(f.read())
+    except (FileNotFoundError, ValueError):
+        return float("inf")
+
+
 def plain_loop(config: dict) -> None:
     import ray.train
     from ray.train import Checkpoint
@@ -88,7 +98,7 @@ def plain_loop(config: dict) -> None:
     if ck:
         with ck.as_directory() as d, open(os.path.join(d, "s.json")) as f:
             step = json.load(f)["step"]
-    while not os.path.exists(config["stop_file"]):
+    while step < _stop_step(config):
         time.sleep(config["step_s"])
         step += 1
         _log_step(config["out"], ws, step)
@@ -107,7 +117,7 @@ def guarded_loop(config: dict) -> None:
     ctx = rayguard.train.get_context()
     state = rayguard.train.load_state()
     step = state["step"] if state else 0
-    while not os.path.exists(config["stop_file"]):
+    while step < _stop_step(config):
         time.sleep(config["step_s"])
         step += 1
         _log_step(config["out"], ctx.world_size, step)
@@ -159,7 +169,9 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
         t_add = time.time()
         cluster.add_worker_node()
         t_grown = wait_for(lambda: first_step(3, t_add), timeout_s=240, what="first step on 3 workers")
-        open(stop_file, "w").close()  # the loops return; the run ends before the cluster goes
+        with open(stop_file + ".tmp", "w") as f:  # every rank returns after the same step
+            f.write(str(max(e["step"] for e in _events(out)) + 5))
+        os.replace(stop_file + ".tmp", stop_file)
         cluster.join(thread, timeout_s=120)
     return t_shrunk - t_remove, t_grown - t_add
 
