@@ -22,7 +22,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 import rayguard
 from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 
-GLOBAL, MICRO, SAMPLES, EPOCHS = 12, 2, 240, 2
+GLOBAL, MICRO, SAMPLES, EPOCHS = 12, 2, 480, 2
 
 
 def train_fn(config: dict) -> None:
