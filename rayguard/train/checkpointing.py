@@ -99,16 +99,18 @@ def _choose_checkpoint(session: WorkerSession) -> str | None:
     import ray
 
     from rayguard import checkpoint as ck
+    from rayguard.checkpoint import rejections
 
     ctx = session.ctx
     ck.cleanup_staging(ctx.run_dir)
-    rejected: dict[str, str] = {}
+    rejected = rejections.rejected(ctx.run_dir)
     if session.coordinator is not None:
-        rejected = ray.get(session.coordinator.rejected_checkpoints.remote())
+        rejected.update(ray.get(session.coordinator.rejected_checkpoints.remote()))
     found = ck.scan(ctx.run_dir, skip=set(rejected))
     for rejection in found.rejected:
         why = rejection.describe()
         session.record("checkpoint_rejected", f"skipped {why}", path=rejection.path)
+        rejections.reject(rejection.path, why)
         if session.coordinator is not None:
             session.coordinator.reject_checkpoint.remote(rejection.path, why)
     return None if found.chosen is None else str(found.chosen)

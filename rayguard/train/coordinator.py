@@ -83,6 +83,7 @@ def start_coordinator(events_file: str):
     import ray
     from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]
 
-    actor_cls = ray.remote(RunCoordinator).options(num_cpus=0, max_concurrency=1024)
     node_id = ray.get_runtime_context().get_node_id()
-    return actor_cls.options(label_selector={RAY_NODE_ID_KEY: node_id}).remote(events_file)
+    return ray.remote(RunCoordinator).options(
+        num_cpus=0, max_concurrency=1024, label_selector={RAY_NODE_ID_KEY: node_id},
+    ).remote(events_file)

@@ -12,6 +12,7 @@ trial's last result.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -40,6 +41,28 @@ if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
 CHECKPOINT_PATH_KEY = "checkpoint_path"
+
+
+def reject_later_checkpoints(records: list[CheckpointRecord], chosen: CheckpointRecord | None,
+                             reason: str) -> None:
+    """A RobustTrainer inside the trial resumes from the newest *verified* checkpoint of its
+    run: mark every checkpoint of that run newer than ``chosen`` (also those Tune has not
+    seen yet) so that it resumes from ``chosen`` instead."""
+    from rayguard.checkpoint.fallback import list_candidates
+    from rayguard.checkpoint.rejections import reject
+
+    roots = {os.path.dirname(r.path.rstrip("/")) for r in records if os.path.isdir(r.path)}
+    limit = None
+    if chosen is not None and os.path.isdir(chosen.path):
+        limit = next((c for c in list_candidates(os.path.dirname(chosen.path.rstrip("/")))
+                      if os.path.samefile(c.path, chosen.path)), None)
+    for root in roots:
+        for cand in list_candidates(root):
+            newer = limit is None or (
+                (cand.step, cand.mtime) > (limit.step, limit.mtime)
+                if cand.step is not None and limit.step is not None else cand.mtime > limit.mtime)
+            if newer:
+                reject(cand.path, f"taken after the anomaly: {reason}")
 """Metric under which Ray Train inside a Tune trial reports its checkpoint's path."""
 MAX_RECORDS = 64
 """Checkpoint records kept per trial (the newest)."""
@@ -276,6 +299,7 @@ class HealthCallback(Callback):
         ckpt = decision.checkpoint
         if decision.action == RESTART:
             executor.restart_trial(self._controller, trial, ckpt, decision.reason)
+            reject_later_checkpoints(watch.records, ckpt, decision.reason)
             with self._lock:
                 watch.restarts = decision.restarts
                 points, watch.records = rewind(list(watch.points), watch.records, ckpt)
