@@ -25,6 +25,11 @@ DEFAULT_LOG_LEVEL = "INFO"
 SERIALIZERS_ENV_VAR = "RAYGUARD_SERIALIZERS"
 DEFAULT_SERIALIZERS = "1"
 
+# CUDA policy of the tensor serializers in processes that never call register:
+# "receiver" (land on the receiver's current device) or "cpu".
+SERIALIZERS_CUDA_ENV_VAR = "RAYGUARD_SERIALIZERS_CUDA"
+DEFAULT_SERIALIZERS_CUDA = "receiver"
+
 # Ray Train's controller poll interval; rayguard lowers it so that reports do not wait
 # for a 2 s poll. A value the user set explicitly is kept.
 RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -38,10 +43,12 @@ KNOWN_ENV_VARS = frozenset(
         TOPOLOGY_ENV_VAR,
         LOG_LEVEL_ENV_VAR,
         SERIALIZERS_ENV_VAR,
+        SERIALIZERS_CUDA_ENV_VAR,
     }
 )
 
-ENV_VARS_TO_PROPAGATE = frozenset({FAULTS_ENV_VAR, TOPOLOGY_ENV_VAR, LOG_LEVEL_ENV_VAR, SERIALIZERS_ENV_VAR})
+ENV_VARS_TO_PROPAGATE = frozenset({FAULTS_ENV_VAR, TOPOLOGY_ENV_VAR, LOG_LEVEL_ENV_VAR,
+                                   SERIALIZERS_ENV_VAR, SERIALIZERS_CUDA_ENV_VAR})
 
 
 def env_str(name: str, default: str) -> str:

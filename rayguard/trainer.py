@@ -96,6 +96,10 @@ class RobustTrainer(TorchTrainer):
         callbacks = super()._create_default_callbacks()
         if self._coordinator is not None:
             callbacks.append(RayGuardCallback(self._coordinator))
+        if self.guard_config.numa != "off":
+            from rayguard.placement.rank_order import NumaRankOrder
+
+            callbacks.append(NumaRankOrder())
         return callbacks
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Result:

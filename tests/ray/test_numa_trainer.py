@@ -55,8 +55,6 @@ def test_workers_bound_to_their_gpus_node(two_logical_gpus, tmp_path: Path) -> N
         "numa_nodes": [{"id": 0, "cpus": [CPUS[0]]}, {"id": 1, "cpus": [CPUS[1]]}],
         "gpus": [{"index": 0, "numa_node": 1}, {"index": 1, "numa_node": 0}],
     }))
-    # Passed through the workers' runtime env: RobustTrainer does not yet carry RAYGUARD_*
-    # variables set in the driver after ray.init() to the workers (reported to the lead).
     env = {TOPOLOGY_ENV_VAR: str(topo)}
     out = tmp_path / "out"
     out.mkdir()
@@ -78,3 +76,6 @@ def test_workers_bound_to_their_gpus_node(two_logical_gpus, tmp_path: Path) -> N
         assert r["ctx_affinity"] == r["affinity"] == [cpu_of_node[node]], r
         assert r["torch_threads"] == 1, r
     assert sorted(r["gpu_ids"][0] for r in ranks) == ["0", "1"]
+    # Ranks follow NUMA order, not GPU-id order: GPU 1 sits on NUMA node 0, so it is rank 0.
+    assert [r["gpu_ids"] for r in ranks] == [["1"], ["0"]]
+    assert [r["local_rank"] for r in ranks] == [0, 1]
