@@ -170,7 +170,7 @@ def _check_context(rows: list[dict]) -> None:
         ranks[r["attempt"]][r["node"]] = r["rank"]
         sizes[r["attempt"]] = r["ws"]
     attempts = sorted(ranks)
-    for before, after in zip(attempts, attempts[1:]):
+    for before, after in zip(attempts, attempts[1:], strict=False):
         for r in (x for x in rows if x["attempt"] == after):
             assert r["changed"] == (sizes[after] != sizes[before])
             expected = ranks[before].get(r["node"])
