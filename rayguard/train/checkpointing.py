@@ -128,7 +128,10 @@ def load_state(session: WorkerSession) -> Any:
     if chosen is None:
         return None
     manifest = ck.read_manifest(Path(chosen))
-    own = ck.read_shard(chosen, ctx.rank) if manifest.files_of(ctx.rank) else None
+    # Same world size: a rank's own shard. After a resize, rank-local state follows the
+    # worker (the rank its slot held before); replicated state comes from rank 0 below.
+    source = ctx.rank if manifest.world_size == ctx.world_size else ctx.previous_rank
+    own = ck.read_shard(chosen, source) if source is not None and manifest.files_of(source) else None
     meta = (own or {}).get(_META, {})
     if own is not None and meta.get("has_state"):
         state = own["state"]

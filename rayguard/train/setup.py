@@ -18,6 +18,7 @@ from rayguard.exceptions import WorkerSetupError
 from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
 from rayguard.testing.faults import parse_faults
 from rayguard.train.context import GuardContext, set_context
+from rayguard.train.elastic_setup import apply_elastic, previous_assignment
 from rayguard.train.seeding import rank_seed, seed_everything
 from rayguard.train.session import WorkerSession
 
@@ -131,13 +132,6 @@ def _register_serializers(guard: GuardConfig) -> None:
     register_tensor_serializers()
 
 
-def _elastic(ctx: GuardContext, guard: GuardConfig, session: WorkerSession,
-             infos: list[dict[str, Any]]) -> None:
-    from rayguard.train.elastic_setup import apply_elastic
-
-    apply_elastic(ctx, guard, session, infos)
-
-
 class GuardedTrainFn:
     """The function Ray Train runs in each worker: rayguard's set-up, then the user's loop."""
 
@@ -175,6 +169,7 @@ class GuardedTrainFn:
         except Exception as exc:
             session.record("preflight_error", str(exc), wait=True)
             raise
+        previous = previous_assignment(session)  # every rank reads it before rank 0 replaces it
         infos = session.gather("setup", _worker_info(ctx))
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
@@ -182,7 +177,7 @@ class GuardedTrainFn:
             ctx.seed = rank_seed(self.guard.seed, ctx.rank)
             seed_everything(ctx.seed, deterministic=self.guard.deterministic)
         _register_serializers(self.guard)
-        _elastic(ctx, self.guard, session, infos)
+        apply_elastic(ctx, self.guard, session, infos, previous)
         set_context(ctx)
         _set_current_session(session)
         if ctx.rank == 0:
