@@ -96,10 +96,9 @@ class RobustTrainer(TorchTrainer):
         callbacks = super()._create_default_callbacks()
         if self._coordinator is not None:
             callbacks.append(RayGuardCallback(self._coordinator))
-        if self.guard_config.numa != "off":
-            from rayguard.placement.rank_order import NumaRankOrder
+        from rayguard.placement.rank_order import RankOrder
 
-            callbacks.append(NumaRankOrder())
+        callbacks.append(RankOrder(numa=self.guard_config.numa != "off"))
         return callbacks
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Result:
