@@ -65,7 +65,7 @@ def test_raise_on_errors_names_every_error_and_pickles():
     assert str(pickle.loads(pickle.dumps(info.value))) == text
 
 
-def test_local_run_without_cluster(tmp_path, monkeypatch):
+def test_local_run_without_cluster(no_ray, tmp_path, monkeypatch):
     for name in [n for n in __import__("os").environ if n.startswith(("NCCL_", "RAYGUARD_"))]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # "auto" finds a dead cluster
@@ -84,7 +84,7 @@ def test_unreachable_explicit_address_cannot_run():
     assert resolve_address("none") is None
 
 
-def test_cli_exit_codes_in_process(capsys, monkeypatch):
+def test_cli_exit_codes_in_process(no_ray, capsys, monkeypatch):
     from rayguard.cli import main
 
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
