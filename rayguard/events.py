@@ -61,8 +61,11 @@ def events_path(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / EVENTS_FILENAME
 
 
-def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The events of a run, oldest first. ``path``: the run directory or the JSONL file."""
+def read(path: str | os.PathLike[str], filesystem: Any = None) -> list[dict[str, Any]]:
+    """The events of a run, oldest first. ``path``: the run directory or the JSONL file;
+    ``filesystem``: the run's pyarrow filesystem when it is remote (``Result.filesystem``)."""
+    if filesystem is not None and type(filesystem).__name__ != "LocalFileSystem":
+        return _read_remote(str(path), filesystem)
     p = Path(path)
     if p.is_dir():
         p = events_path(p)
@@ -72,11 +75,18 @@ def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             "run started with rayguard.RobustTrainer, or the path of its "
             f"{EVENTS_FILENAME}."
         )
-    events = []
     with open(p, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                events.append(json.loads(line))
+        return _parse(f.read())
+
+
+def _parse(text: str) -> list[dict[str, Any]]:
+    events = [json.loads(line) for line in text.splitlines() if line.strip()]
     events.sort(key=lambda e: e.get("time", 0.0))
     return events
+
+
+def _read_remote(path: str, filesystem: Any) -> list[dict[str, Any]]:
+    if not path.endswith(".jsonl"):
+        path = f"{path.rstrip('/')}/{EVENTS_FILENAME}"
+    with filesystem.open_input_stream(path) as f:
+        return _parse(f.read().decode("utf-8"))

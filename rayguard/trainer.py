@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from typing import Any, cast
 
 from ray.train import Result
@@ -20,7 +21,7 @@ from ray.train.v2.api.config import (  # what ray.train exports under V2
 from ray.train.v2.torch.torch_trainer import TorchTrainer  # = ray.train.torch.TorchTrainer
 
 from rayguard.config import GuardConfig
-from rayguard.constants import RAY_TRAIN_POLL_INTERVAL_ENV_VAR, propagated_env
+from rayguard.constants import EVENTS_FILENAME, RAY_TRAIN_POLL_INTERVAL_ENV_VAR, propagated_env
 from rayguard.events import events_path, make_event
 from rayguard.exceptions import ConfigError
 
@@ -68,18 +69,13 @@ class RobustTrainer(TorchTrainer):
         """The run directory (``Result.path``)."""
         return self._rc.storage_context.experiment_fs_path
 
-    def _local_run_dir(self) -> str:
-        from pyarrow.fs import LocalFileSystem
+    @property
+    def _remote_fs(self) -> Any:
+        """The storage filesystem when it is remote (S3, GCS, ...), else None."""
+        from rayguard.checkpoint.remote import is_local
 
-        storage = self._rc.storage_context
-        if not isinstance(storage.storage_filesystem, LocalFileSystem):
-            raise ConfigError(
-                f"RunConfig(storage_path={self.run_config.storage_path!r}): rayguard's verified "
-                "checkpoints and event log need a local or shared (NFS) filesystem path in this "
-                "version. Fix: mount the bucket (e.g. with a FUSE driver) and pass its local "
-                "path, or use a shared filesystem path."
-            )
-        return storage.experiment_fs_path
+        fs = self._rc.storage_context.storage_filesystem
+        return None if is_local(fs) else fs
 
     # -- Ray Train hooks ----------------------------------------------------------------
     def _get_train_func(self):
@@ -88,7 +84,7 @@ class RobustTrainer(TorchTrainer):
         inner = super()._get_train_func()
         if self.running_in_local_mode:
             return inner
-        return GuardedTrainFn(inner, self.guard_config, self._coordinator, self._local_run_dir())
+        return GuardedTrainFn(inner, self.guard_config, self._coordinator, self.run_dir)
 
     def _create_default_callbacks(self):
         from rayguard.train.callbacks import RayGuardCallback
@@ -132,9 +128,14 @@ class RobustTrainer(TorchTrainer):
         if not ray.is_initialized():
             ray.init()
         self._register_driver_serializers()
-        run_dir = self._local_run_dir()
-        os.makedirs(run_dir, exist_ok=True)
-        self._coordinator = start_coordinator(str(events_path(run_dir)))
+        run_dir = self.run_dir
+        if self._remote_fs is None:
+            os.makedirs(run_dir, exist_ok=True)
+            events_file = str(events_path(run_dir))
+        else:  # written locally, uploaded into the run directory when fit() ends
+            events_file = os.path.join(tempfile.mkdtemp(prefix="rayguard-events-"),
+                                       EVENTS_FILENAME)
+        self._coordinator = start_coordinator(events_file)
         coordinator = self._coordinator
         saved_env = self._set_env()
         coordinator.record.remote(make_event(
@@ -153,6 +154,21 @@ class RobustTrainer(TorchTrainer):
             self._restore_env(saved_env)
             ray.kill(coordinator)
             self._coordinator = None
+            self._upload_events(events_file)
+
+    def _upload_events(self, events_file: str) -> None:
+        fs = self._remote_fs
+        if fs is None or not os.path.exists(events_file):
+            return
+        from pyarrow.fs import LocalFileSystem, copy_files
+
+        try:
+            fs.create_dir(self.run_dir, recursive=True)
+            copy_files(events_file, f"{self.run_dir.rstrip('/')}/{EVENTS_FILENAME}",
+                       source_filesystem=LocalFileSystem(), destination_filesystem=fs)
+        except OSError as exc:
+            logger.warning("rayguard: could not upload the event log %s to %s: %s",
+                           events_file, self.run_dir, exc)
 
     def _set_env(self) -> dict[str, str | None]:
         """Ray copies its own train variables (the poll interval among them) from the driver

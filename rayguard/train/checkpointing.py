@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,10 +55,62 @@ def _canonical_keys(state: Any) -> Any:
     return out
 
 
+def _write_local(session: WorkerSession, payload: Any, final: str) -> Any:
+    """Local/shared filesystem: write into the staging sibling of ``final``."""
+    from rayguard import checkpoint as ck
+
+    return ck.write_shard(str(ck.staging_dir_for(final)), session.ctx.rank, payload)
+
+
+def _write_remote(session: WorkerSession, payload: Any, final: str) -> Any:
+    """Remote filesystem: write and hash locally, then upload into ``final``."""
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import upload_shard
+
+    local = tempfile.mkdtemp(prefix="rayguard-stage-")
+    try:
+        record = ck.write_shard(local, session.ctx.rank, payload)
+        upload_shard(local, final, record, session.fs)
+        return record
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def _commit(session: WorkerSession, final: str, records: list[Any], step: int) -> Any:
+    from ray.train import Checkpoint
+
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import commit_remote, is_local
+
+    ctx = session.ctx
+    meta = {"attempt": ctx.attempt}
+    if is_local(session.fs):
+        path = str(ck.commit(ck.staging_dir_for(final), final, records,
+                             world_size=ctx.world_size, step=step, metadata=meta))
+        return Checkpoint.from_directory(path)
+    commit_remote(final, records, world_size=ctx.world_size, step=step, metadata=meta,
+                  fs=session.fs)
+    return Checkpoint(path=final, filesystem=session.fs)
+
+
+def _discard(session: WorkerSession, final: str) -> None:
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import is_local
+
+    if is_local(session.fs):
+        shutil.rmtree(ck.staging_dir_for(final), ignore_errors=True)
+    else:  # no manifest was written, so readers never saw it; tidy up anyway
+        try:
+            session.fs.delete_dir(final)
+        except OSError:
+            pass
+
+
 def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
     """Run the commit protocol if any rank passed a state; returns the Ray ``Checkpoint``
     for rank 0 (``None`` on other ranks or when nothing was saved)."""
     from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import is_local
 
     ctx = session.ctx
     tag = f"report{session.report_count}"
@@ -66,58 +119,97 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
         return None
     step = intents[0][1]
     name = checkpoint_name(step, ctx.attempt)
-    final = os.path.join(ctx.run_dir, name)
-    staging = str(ck.staging_dir_for(final))
+    final = f"{ctx.run_dir.rstrip('/')}/{name}"
     payload = {_META: {"rng": ck.capture_rng_state(), "has_state": state is not None},
                "state": _canonical_keys(state)}
+    write = _write_local if is_local(session.fs) else _write_remote
     try:
-        record: Any = ck.write_shard(staging, ctx.rank, payload)
+        record: Any = write(session, payload, final)
     except Exception as exc:
         record = CheckpointError(f"rank {ctx.rank} on node {ctx.node_id}: {exc}")
     records = session.gather(f"{tag}:records", record)
     failures = [r for r in records if isinstance(r, BaseException)]
     if failures:
         if ctx.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
+            _discard(session, final)
         raise CheckpointError(
             f"checkpoint of step {step} was not saved (earlier checkpoints are intact): "
             + "; ".join(str(f) for f in failures))
     if ctx.rank != 0:
         return None
-    path = ck.commit(staging, final, records, world_size=ctx.world_size, step=step,
-                     metadata={"attempt": ctx.attempt})
+    checkpoint = _commit(session, final, records, step)
     total = sum(f.size_bytes for r in records for f in r.files)
     session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
-                   f"{len(records)} shard(s))", step=step, path=str(path), bytes=total)
-    from ray.train import Checkpoint
+                   f"{len(records)} shard(s))", step=step, path=final, bytes=total)
+    return checkpoint
 
-    return Checkpoint.from_directory(str(path))
+
+def _reject(session: WorkerSession, path: str, why: str, *, persist: bool) -> None:
+    from rayguard.checkpoint import rejections
+
+    session.record("checkpoint_rejected", f"skipped {why}", path=path)
+    if persist:
+        rejections.reject(path, why)
+    if session.coordinator is not None:
+        session.coordinator.reject_checkpoint.remote(path, why)
+
+
+def _rejected(session: WorkerSession) -> dict[str, str]:
+    import ray
+
+    from rayguard.checkpoint import rejections
+    from rayguard.checkpoint.remote import is_local
+
+    out = rejections.rejected(session.ctx.run_dir) if is_local(session.fs) else {}
+    if session.coordinator is not None:
+        out.update(ray.get(session.coordinator.rejected_checkpoints.remote()))
+    return out
+
+
+def _choose_local(session: WorkerSession) -> str | None:
+    from rayguard import checkpoint as ck
+
+    ck.cleanup_staging(session.ctx.run_dir)
+    found = ck.scan(session.ctx.run_dir, skip=set(_rejected(session)))
+    for rejection in found.rejected:
+        _reject(session, rejection.path, rejection.describe(), persist=True)
+    return None if found.chosen is None else str(found.chosen)
+
+
+def _choose_remote(session: WorkerSession) -> str | None:
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import download, list_remote
+    from rayguard.exceptions import CheckpointCorruptError
+
+    rejected = _rejected(session)
+    for cand in list_remote(session.ctx.run_dir, session.fs):
+        if cand.path in rejected:
+            continue
+        try:
+            local = download(cand.path, session.fs)
+        except CheckpointCorruptError as exc:
+            _reject(session, cand.path, str(exc), persist=False)
+            continue
+        try:
+            report = ck.verify(local)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+        if report.ok:
+            return cand.path
+        problems = "; ".join(f"{p.file}: {p.what}" for p in report.problems)
+        _reject(session, cand.path, f"{cand.path}: {problems}", persist=False)
+    return None
 
 
 def _choose_checkpoint(session: WorkerSession) -> str | None:
     """Rank 0: newest checkpoint that verifies; rejections are logged and remembered."""
-    import ray
+    from rayguard.checkpoint.remote import is_local
 
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint import rejections
-
-    ctx = session.ctx
-    ck.cleanup_staging(ctx.run_dir)
-    rejected = rejections.rejected(ctx.run_dir)
-    if session.coordinator is not None:
-        rejected.update(ray.get(session.coordinator.rejected_checkpoints.remote()))
-    found = ck.scan(ctx.run_dir, skip=set(rejected))
-    for rejection in found.rejected:
-        why = rejection.describe()
-        session.record("checkpoint_rejected", f"skipped {why}", path=rejection.path)
-        rejections.reject(rejection.path, why)
-        if session.coordinator is not None:
-            session.coordinator.reject_checkpoint.remote(rejection.path, why)
-    return None if found.chosen is None else str(found.chosen)
+    return _choose_local(session) if is_local(session.fs) else _choose_remote(session)
 
 
 def load_state(session: WorkerSession) -> Any:
-    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import download, is_local
 
     ctx = session.ctx
     session.injector.on_load()
@@ -127,16 +219,30 @@ def load_state(session: WorkerSession) -> Any:
     session.watchdog.heartbeat()
     if chosen is None:
         return None
-    manifest = ck.read_manifest(Path(chosen))
+    if is_local(session.fs):
+        return _restore(session, chosen, chosen)
+    local = download(chosen, session.fs)
+    try:
+        return _restore(session, chosen, local)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def _restore(session: WorkerSession, chosen: str, local: str) -> Any:
+    """Read this rank's state from ``local`` (a verified checkpoint, maybe a download)."""
+    from rayguard import checkpoint as ck
+
+    ctx = session.ctx
+    manifest = ck.read_manifest(Path(local))
     # Same world size: a rank's own shard. After a resize, rank-local state follows the
     # worker (the rank its slot held before); replicated state comes from rank 0 below.
     source = ctx.rank if manifest.world_size == ctx.world_size else ctx.previous_rank
-    own = ck.read_shard(chosen, source) if source is not None and manifest.files_of(source) else None
+    own = ck.read_shard(local, source) if source is not None and manifest.files_of(source) else None
     meta = (own or {}).get(_META, {})
     if own is not None and meta.get("has_state"):
         state = own["state"]
     else:
-        shared = ck.read_shard(chosen, 0) if manifest.files_of(0) else None
+        shared = ck.read_shard(local, 0) if manifest.files_of(0) else None
         if shared is None or not shared.get(_META, {}).get("has_state"):
             raise CheckpointError(
                 f"rank {ctx.rank}: checkpoint {chosen} has no state for this rank and no "

@@ -62,6 +62,8 @@ class WorkerSession:
         self.report_count = 0
         self.loaded_step: int | None = None
         self.load_count = 0
+        self.fs: Any = None
+        """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
         self.block_times_s: list[float] = []
 
     # -- coordinator helpers --------------------------------------------------------------
@@ -156,7 +158,7 @@ class WorkerSession:
 
     def _on_stall(self, decision: Decision) -> None:
         """Runs in the watchdog thread: dump stacks, record, end this worker."""
-        path = dump_stacks(self.ctx)
+        path = dump_stacks(self.ctx, local_run_dir=self.fs is None)
         detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
         try:
             self.record("stall_detected", detail, step=self.last_step, wait=True,
@@ -177,13 +179,16 @@ def _forward(metrics: dict[str, Any], checkpoint: Any) -> None:
                      checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
 
-def dump_stacks(ctx: GuardContext) -> str | None:
-    """Write the stacks of every thread of this worker into the run directory."""
+def dump_stacks(ctx: GuardContext, *, local_run_dir: bool = True) -> str | None:
+    """Write the stacks of every thread of this worker into the run directory (with remote
+    storage: the node's temporary directory; the event names the file and the node)."""
     import faulthandler
     import shutil
     import subprocess
+    import tempfile
 
-    directory = os.path.join(ctx.run_dir, "rayguard_stacks")
+    base = ctx.run_dir if local_run_dir else tempfile.gettempdir()
+    directory = os.path.join(base, "rayguard_stacks")
     try:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}.txt")

@@ -132,6 +132,16 @@ def _register_serializers(guard: GuardConfig) -> None:
     register_tensor_serializers()
 
 
+def _remote_fs() -> Any:
+    """The run's storage filesystem if it is remote, else None."""
+    import ray.train
+
+    from rayguard.checkpoint.remote import is_local
+
+    fs = ray.train.get_context().get_storage().storage_filesystem
+    return None if is_local(fs) else fs
+
+
 class GuardedTrainFn:
     """The function Ray Train runs in each worker: rayguard's set-up, then the user's loop."""
 
@@ -163,6 +173,7 @@ class GuardedTrainFn:
         faults = parse_faults(";".join(filter(None, [self.guard.faults,
                                                      os.environ.get(FAULTS_ENV_VAR)])))
         session = WorkerSession(ctx, self.guard, self.coordinator, faults)
+        session.fs = _remote_fs()
         session.start()  # the watchdog covers set-up too (floor covers start-up)
         try:
             _preflight(ctx, self.guard)
