@@ -146,6 +146,12 @@ def run(address: str | None = "auto", *, storage_path: str | None = None,
     findings: list[Finding] = []
     if ray.is_initialized():
         target: str | None = ray.get_runtime_context().gcs_address
+        wanted = resolve_address(address) if address not in (None, "auto", "none") else None
+        if wanted is not None and wanted.rsplit(":", 1)[-1] != str(target).rsplit(":", 1)[-1]:
+            raise DoctorUnavailableError(
+                f"rayguard doctor: this process is already connected to the Ray cluster at "
+                f"{target}, so it cannot check {wanted!r}. Fix: run `rayguard doctor --address "
+                f"{wanted}` in a fresh process, or call rayguard.doctor.run() before ray.init()")
     else:
         target = resolve_address(address)
         if target is not None:

@@ -109,3 +109,11 @@ def test_cli_without_cluster(tmp_path):
     data = json.loads(clean.stdout)
     assert clean.returncode == 0, clean.stdout
     assert data["address"] is None and [f["code"] for f in data["findings"]] == ["DOCTOR_NO_CLUSTER"]
+
+
+def test_explicit_unreachable_address_while_connected_is_an_error(ray_local):
+    from rayguard.doctor import DoctorUnavailableError
+    from rayguard.doctor import run as doctor_run
+
+    with pytest.raises(DoctorUnavailableError, match="no Ray cluster answers"):
+        doctor_run(address="127.0.0.1:1")
