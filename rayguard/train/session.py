@@ -30,12 +30,13 @@ class FatalNonFiniteMetricError(NonFiniteMetricError):
 
 
 def _plain(value: Any) -> Any:
-    """Ray Train refuses tensors in metrics; turn scalar tensors/numpy numbers into floats."""
-    item = getattr(value, "item", None)
-    if item is not None and getattr(value, "ndim", getattr(value, "dim", lambda: 1)) in (0, ()):
-        return item()
-    if item is not None and hasattr(value, "numel") and value.numel() == 1:
-        return item()
+    """Ray Train refuses tensors in metrics: one-element tensors and numpy scalars become
+    Python numbers; anything else is passed on unchanged."""
+    numel = getattr(value, "numel", None)
+    if callable(numel) and numel() == 1:  # torch.Tensor
+        return value.item()
+    if type(value).__module__ == "numpy" and getattr(value, "size", 0) == 1:
+        return value.item()
     return value
 
 

@@ -1,0 +1,84 @@
+"""Progress watchdog and health decisions on a fake clock (no threads needed, except the one
+test that checks the thread really fires)."""
+
+import math
+import threading
+
+from rayguard import HealthConfig
+from rayguard.health.decisions import check_finite, check_stall
+from rayguard.health.watchdog import Watchdog
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_explicit_timeout_fires_only_after_it():
+    clock = Clock()
+    wd = Watchdog(HealthConfig(stall_timeout_s=10), on_stall=lambda d: None, clock=clock)
+    clock.t = 9.9
+    assert wd.check().ok
+    clock.t = 10.1
+    d = wd.check()
+    assert d.action == "restart" and d.check == "stall" and d.threshold == 10
+
+
+def test_progress_and_heartbeat_reset_the_timer():
+    clock = Clock()
+    wd = Watchdog(HealthConfig(stall_timeout_s=5), on_stall=lambda d: None, clock=clock)
+    for t in (4.0, 8.0, 12.0):
+        clock.t = t
+        wd.heartbeat() if t == 8.0 else wd.step_completed()
+        assert wd.check().ok
+    clock.t = 17.5
+    assert not wd.check().ok
+
+
+def test_adaptive_timeout_follows_the_slowest_step_above_the_floor():
+    clock = Clock()
+    health = HealthConfig(stall_timeout_floor_s=30, stall_timeout_multiplier=10)
+    wd = Watchdog(health, on_stall=lambda d: None, clock=clock)
+    assert wd.timeout_s == 30  # before any step: the floor covers start-up
+    wd.step_completed()
+    clock.t = 1.0
+    wd.step_completed()  # a 1 s step -> 10 s, still below the floor
+    assert wd.timeout_s == 30
+    clock.t = 6.0
+    wd.step_completed()  # a 5 s step -> 50 s
+    assert wd.timeout_s == 50
+    clock.t = 6.0 + 49
+    assert wd.check().ok
+    clock.t = 6.0 + 51
+    assert not wd.check().ok
+
+
+def test_the_thread_calls_on_stall_once():
+    fired = []
+    done = threading.Event()
+
+    def on_stall(decision):
+        fired.append(decision)
+        done.set()
+
+    wd = Watchdog(HealthConfig(stall_timeout_s=0.2), on_stall=on_stall)
+    wd.start()
+    assert done.wait(10)
+    wd.stop()
+    assert len(fired) == 1 and fired[0].check == "stall"
+
+
+def test_check_finite_watches_only_named_metrics():
+    assert check_finite({"loss": 1.0, "other": math.nan}, ("loss",), policy="restart").ok
+    d = check_finite({"loss": math.inf}, ("loss",), policy="restart", step=3)
+    assert d.action == "restart" and "step 3" in d.reason
+    assert check_finite({"loss": math.nan}, ("loss",), policy="fail").action == "fail"
+    assert check_finite({"loss": True}, ("loss",), policy="fail").ok
+
+
+def test_check_stall_boundary():
+    assert check_stall(10.0, 0.0, 10.0).ok
+    assert not check_stall(10.01, 0.0, 10.0).ok
