@@ -111,10 +111,8 @@ class RobustTrainer(TorchTrainer):
         """Elastic runs only use world sizes that keep the global batch exact."""
         if self.guard_config.global_batch_size is None:
             return None
-        try:
-            from rayguard.elastic.scaling import make_scaling_policy
-        except ImportError:
-            return None
+        from rayguard.elastic.scaling import make_scaling_policy
+
         return make_scaling_policy(self.scaling_config, self.guard_config)
 
     # -- fit -------------------------------------------------------------------------------
@@ -124,10 +122,11 @@ class RobustTrainer(TorchTrainer):
         import ray
 
         from rayguard.train.coordinator import start_coordinator
+        from rayguard.train.setup import register_serializers
 
         if not ray.is_initialized():
             ray.init()
-        self._register_driver_serializers()
+        register_serializers(self.guard_config)
         run_dir = self.run_dir
         if self._remote_fs is None:
             os.makedirs(run_dir, exist_ok=True)
@@ -194,12 +193,3 @@ class RobustTrainer(TorchTrainer):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-    def _register_driver_serializers(self) -> None:
-        if not self.guard_config.serializers:
-            return
-        try:
-            from rayguard.serialization import register_tensor_serializers
-        except ImportError:
-            return
-        register_tensor_serializers()

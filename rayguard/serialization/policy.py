@@ -11,13 +11,14 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from rayguard.constants import SERIALIZERS_CUDA_ENV_VAR
 from rayguard.exceptions import SerializationError, config_error
 
 CudaPolicy = Literal["receiver", "cpu"]
 CUDA_POLICIES: tuple[str, ...] = ("receiver", "cpu")
 
 # Receiver-side CUDA placement for processes that never call register_tensor_serializers().
-CUDA_POLICY_ENV_VAR = "RAYGUARD_SERIALIZERS_CUDA"
+CUDA_POLICY_ENV_VAR = SERIALIZERS_CUDA_ENV_VAR
 
 # Below this size a received CPU tensor is copied: a copy is cheaper than mapping pages.
 DEFAULT_COW_MIN_BYTES = 4 * 1024**2

@@ -21,9 +21,8 @@ import sys
 import threading
 from typing import Any
 
+from rayguard.constants import SERIALIZERS_ENV_VAR  # "0": no registration on receipt
 from rayguard.serialization.policy import SerializerPolicy, set_policy
-
-SERIALIZERS_ENV_VAR = "RAYGUARD_SERIALIZERS"  # "0": no registration on receipt
 
 _lock = threading.RLock()
 _previous: dict[type, Any] = {}  # reducers we replaced (e.g. Ray's zero-copy one)

@@ -253,7 +253,6 @@ def _restore(session: WorkerSession, chosen: str, local: str) -> Any:
         ck.restore_rng_state(meta["rng"])
     step = state.get("step") if isinstance(state, dict) else None
     session.last_step = step if isinstance(step, int) else session.last_step
-    session.loaded_step = session.last_step
     if ctx.rank == 0:
         session.record("restored", f"restored {os.path.basename(chosen)} (step {step})",
                        step=step if isinstance(step, int) else None, path=chosen)

@@ -24,6 +24,7 @@ class RunCoordinator:
         self._rejected: dict[str, str] = {}
         self._store: dict[str, Any] = {}
         self._gathers: dict[str, dict[int, Any]] = {}
+        self._gather_reads: dict[str, int] = {}
         self._cond = threading.Condition()
 
     # -- attempts and events -------------------------------------------------------------
@@ -75,7 +76,14 @@ class RunCoordinator:
             self._cond.notify_all()
             if not self._cond.wait_for(lambda: len(slot) >= world_size, timeout=timeout_s):
                 return None
-            return [slot[r] for r in sorted(slot)]
+            values = [slot[r] for r in sorted(slot)]
+            reads = self._gather_reads.get(tag, 0) + 1
+            if reads >= world_size:  # every rank has its answer: a long run must not grow here
+                self._gathers.pop(tag, None)
+                self._gather_reads.pop(tag, None)
+            else:
+                self._gather_reads[tag] = reads
+            return values
 
 
 def start_coordinator(events_file: str):

@@ -61,11 +61,9 @@ class WorkerSession:
         self.watchdog = Watchdog(guard.health, on_stall=self._on_stall)
         self.last_step = -1
         self.report_count = 0
-        self.loaded_step: int | None = None
         self.load_count = 0
         self.fs: Any = None
         """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
-        self.block_times_s: list[float] = []
 
     # -- coordinator helpers --------------------------------------------------------------
     def _claim(self, key: str) -> bool:
@@ -121,7 +119,6 @@ class WorkerSession:
         self.watchdog.heartbeat()
 
     def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None) -> None:
-        started = time.perf_counter()
         metrics = {k: _plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)
@@ -135,7 +132,6 @@ class WorkerSession:
 
             checkpoint = maybe_checkpoint(self, state, step)
         self.forwarder.submit(_forward, metrics, checkpoint)
-        self.block_times_s.append(time.perf_counter() - started)
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
         health = self.guard.health

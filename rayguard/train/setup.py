@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayguard.config import GuardConfig
-from rayguard.constants import FAULTS_ENV_VAR
+from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import WorkerSetupError
 from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
 from rayguard.testing.faults import parse_faults
@@ -100,10 +100,8 @@ def _pin_cuda(ctx: GuardContext, infos: list[dict[str, Any]]) -> None:
 def _preflight(ctx: GuardContext, guard: GuardConfig) -> None:
     if not guard.preflight:
         return
-    try:
-        from rayguard.doctor import raise_on_errors, worker_preflight
-    except ImportError:
-        return
+    from rayguard.doctor import raise_on_errors, worker_preflight
+
     findings = worker_preflight(dict(os.environ), local_world_size=ctx.local_world_size)
     raise_on_errors(findings, rank=ctx.rank, node=ctx.node_id)
 
@@ -111,24 +109,22 @@ def _preflight(ctx: GuardContext, guard: GuardConfig) -> None:
 def _bind_numa(ctx: GuardContext, guard: GuardConfig, infos: list[dict[str, Any]]) -> None:
     if guard.numa == "off":
         return
-    try:
-        from rayguard.placement.binding import setup_numa
-    except ImportError:
-        return
+    from rayguard.placement.binding import setup_numa
+
     peers = [{"local_rank": i["local_rank"], "gpu_ids": i["gpu_ids"], "num_cpus": i["num_cpus"]}
              for i in infos if i["node_id"] == ctx.node_id]
     result = setup_numa(guard.numa, ctx.local_rank, peers)
-    ctx.numa_node = getattr(result, "numa_node", None)
-    ctx.cpu_affinity = tuple(getattr(result, "cpu_affinity", ()) or ())
+    ctx.numa_node = result.numa_node
+    ctx.cpu_affinity = tuple(result.cpu_affinity)
 
 
-def _register_serializers(guard: GuardConfig) -> None:
-    if not guard.serializers or os.environ.get("RAYGUARD_SERIALIZERS", "1") == "0":
+def register_serializers(guard: GuardConfig) -> None:
+    """Register the tensor serializers in this process (driver or worker) unless turned off
+    by ``GuardConfig(serializers=False)`` or ``RAYGUARD_SERIALIZERS=0``."""
+    if not guard.serializers or os.environ.get(SERIALIZERS_ENV_VAR, "1") == "0":
         return
-    try:
-        from rayguard.serialization import register_tensor_serializers
-    except ImportError:
-        return
+    from rayguard.serialization import register_tensor_serializers
+
     register_tensor_serializers()
 
 
@@ -187,13 +183,12 @@ class GuardedTrainFn:
         if self.guard.seed is not None:
             ctx.seed = rank_seed(self.guard.seed, ctx.rank)
             seed_everything(ctx.seed, deterministic=self.guard.deterministic)
-        _register_serializers(self.guard)
+        register_serializers(self.guard)
         apply_elastic(ctx, self.guard, session, infos, previous)
         set_context(ctx)
         _set_current_session(session)
         if ctx.rank == 0:
-            kind = "attempt_started"
-            session.record(kind, f"attempt {attempt} started with {ctx.world_size} worker(s)",
+            session.record("attempt_started", f"attempt {attempt} started with {ctx.world_size} worker(s)",
                            world_size=ctx.world_size)
         return session
 
