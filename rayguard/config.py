@@ -64,6 +64,11 @@ class GuardConfig:
     ``ray.train.report`` wait up to 2 s; a value the user sets in
     ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` wins."""
 
+    progress_interval_s: float | None = 5.0
+    """The driver prints a progress line (step, loss, steps/s, attempt, workers, last
+    checkpoint) at most this often while ``fit()`` runs, and one line per restart, stall, NaN
+    or rejected checkpoint as it happens. ``None``: print nothing."""
+
     def __post_init__(self) -> None:
         if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**63):
             raise config_error("GuardConfig", "seed", self.seed, "must be an int in [0, 2**63) or None",
@@ -94,6 +99,14 @@ class GuardConfig:
             raise config_error("GuardConfig", "controller_poll_interval_s",
                                self.controller_poll_interval_s, "must be in (0, 60] seconds",
                                "pass e.g. controller_poll_interval_s=0.05")
+
+        if self.progress_interval_s is not None and not (
+                isinstance(self.progress_interval_s, (int, float))
+                and not isinstance(self.progress_interval_s, bool)
+                and 0 < self.progress_interval_s <= 3600):
+            raise config_error("GuardConfig", "progress_interval_s", self.progress_interval_s,
+                               "must be in (0, 3600] seconds or None",
+                               "pass e.g. progress_interval_s=5, or None for no progress line")
 
     def _check_batch_geometry(self) -> None:
         g, m = self.global_batch_size, self.micro_batch_size

@@ -4,7 +4,7 @@ One JSON object a line with at least ``time``, ``kind``, ``rank``, ``node``, ``s
 ``attempt`` and a human ``detail``. Kinds: ``start``, ``attempt_started``,
 ``checkpoint_committed``, ``checkpoint_rejected``, ``stall_detected``, ``nan_detected``,
 ``worker_died``, ``restart``, ``restored``, ``failed``, ``finished`` (and ``preflight_error``,
-``fault_injected``). A person should be able to tell what happened from this file alone.
+``fault_injected``, ``crash_loop``, ``not_retried``). A person should be able to tell what happened from this file alone.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rayguard.constants import EVENTS_FILENAME
 KINDS = (
     "start", "attempt_started", "checkpoint_committed", "checkpoint_rejected",
     "stall_detected", "nan_detected", "worker_died", "restart", "restored", "failed",
-    "finished", "preflight_error", "fault_injected",
+    "finished", "preflight_error", "fault_injected", "crash_loop", "not_retried",
 )
 
 

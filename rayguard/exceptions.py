@@ -61,3 +61,18 @@ class PreflightError(RayGuardError):
 
 class SerializationError(RayGuardError):
     """A tensor could not be serialized or deserialized (dtype, shape and device are named)."""
+
+
+class StateNotCheckpointableError(SerializationError):
+    """A value passed to ``report(state=...)`` cannot be checkpointed. The same value fails
+    on every attempt, so the run ends at once instead of restarting."""
+
+    fatal = True
+
+
+class WorkerTraceback(RayGuardError):
+    """The traceback of an exception raised in a worker, as text: the cause of the user's
+    exception when ``fit()`` raises (tracebacks do not cross processes)."""
+
+    def __str__(self) -> str:
+        return "\n" + (self.args[0] if self.args else "")

@@ -7,6 +7,7 @@ Thin by design: the worker-side pipeline is :mod:`rayguard.train.setup`, the fai
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -18,23 +19,30 @@ from ray.train.v2.api.config import (  # what ray.train exports under V2
     RunConfig,
     ScalingConfig,
 )
+from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 from ray.train.v2.torch.torch_trainer import TorchTrainer  # = ray.train.torch.TorchTrainer
 
 from rayguard.config import GuardConfig
 from rayguard.constants import EVENTS_FILENAME, RAY_TRAIN_POLL_INTERVAL_ENV_VAR, propagated_env
 from rayguard.events import events_path, make_event
-from rayguard.exceptions import ConfigError
+from rayguard.exceptions import ConfigError, WorkerTraceback
 
 logger = logging.getLogger("rayguard")
 
 
-def _with_restart_budget(run_config: RunConfig | None, guard: GuardConfig) -> RunConfig:
-    """Ray's default is no restart at all; without an explicit FailureConfig, allow
-    ``guard.health.max_restarts``."""
-    run_config = run_config or RunConfig()
-    if run_config.failure_config == FailureConfig():
-        run_config.failure_config = FailureConfig(max_failures=guard.health.max_restarts)
-    return run_config
+def _with_restart_budget(run_config: RunConfig | None,
+                         guard: GuardConfig) -> tuple[RunConfig, str | None]:
+    """Ray's default is no restart at all; when the FailureConfig is Ray's default, allow
+    ``guard.health.max_restarts`` (a copy: the caller's ``RunConfig`` is never changed).
+    Returns the run config and, when rayguard chose the budget, a note saying so."""
+    run_config = copy.copy(run_config) if run_config is not None else RunConfig()
+    if run_config.failure_config != FailureConfig() or guard.health.max_restarts == 0:
+        return run_config, None
+    run_config.failure_config = FailureConfig(max_failures=guard.health.max_restarts)
+    return run_config, (
+        f"restart budget: {guard.health.max_restarts} restart(s) (HealthConfig.max_restarts; "
+        "Ray's default FailureConfig(max_failures=0), given or not, reads as unset). For "
+        "TorchTrainer's behaviour pass GuardConfig(health=HealthConfig(max_restarts=0)).")
 
 
 class RobustTrainer(TorchTrainer):
@@ -60,8 +68,11 @@ class RobustTrainer(TorchTrainer):
             )
         self.guard_config = guard_config
         self._coordinator: Any = None
-        super().__init__(train_loop_per_worker,
-                         run_config=_with_restart_budget(run_config, guard_config), **kwargs)
+        self.last_metrics: dict[str, Any] | None = None
+        """Rank 0's last reported metrics once ``fit()`` returned or raised (Ray's
+        ``Result.metrics`` holds only the metrics reported with the last checkpoint)."""
+        run_config, self._budget_note = _with_restart_budget(run_config, guard_config)
+        super().__init__(train_loop_per_worker, run_config=run_config, **kwargs)
 
     # -- paths -------------------------------------------------------------------------
     @property
@@ -101,7 +112,8 @@ class RobustTrainer(TorchTrainer):
         from rayguard.health.failure_policy import GuardFailurePolicy
 
         controller_init_kwargs["failure_policy"] = GuardFailurePolicy(
-            cast(FailureConfig, self._rc.failure_config))
+            cast(FailureConfig, self._rc.failure_config), self._coordinator,
+            self.guard_config.health.crash_loop_retries)
         scaling_policy = self._scaling_policy()
         if scaling_policy is not None:
             controller_init_kwargs["scaling_policy"] = scaling_policy
@@ -121,9 +133,12 @@ class RobustTrainer(TorchTrainer):
             return super().fit()
         import ray
 
+        from rayguard.logs import configure_logging
+        from rayguard.progress import ProgressPrinter
         from rayguard.train.coordinator import start_coordinator
         from rayguard.train.setup import register_serializers
 
+        configure_logging()
         if not ray.is_initialized():
             ray.init()
         register_serializers(self.guard_config)
@@ -137,23 +152,78 @@ class RobustTrainer(TorchTrainer):
         self._coordinator = start_coordinator(events_file)
         coordinator = self._coordinator
         saved_env = self._set_env()
+        if self._budget_note:
+            logger.info("%s", self._budget_note)
         coordinator.record.remote(make_event(
             "start", f"fit() started: {self.scaling_config.num_workers} worker(s), run dir {run_dir}",
             guard_config=repr(self.guard_config)))
+        interval = self.guard_config.progress_interval_s
+        printer = ProgressPrinter(coordinator, interval).start() if interval else None
         try:
             result = super().fit()
+        except TrainingFailedError as exc:
+            error, cause = self._final_error(exc)
+            ray.get(coordinator.record.remote(make_event(
+                "failed", f"run failed: {_one_line(error)}", details=str(error)[:20000])))
+            raise error from cause
         except BaseException as exc:
             ray.get(coordinator.record.remote(make_event(
-                "failed", f"run failed: {type(exc).__name__}: {str(exc)[:2000]}")))
+                "failed", f"run failed: {_one_line(exc)}", details=str(exc)[:20000])))
             raise
         else:
             ray.get(coordinator.record.remote(make_event("finished", "run finished")))
             return result
         finally:
+            if printer is not None:
+                printer.stop()
+            self._end_run(coordinator, events_file)
             self._restore_env(saved_env)
-            ray.kill(coordinator)
-            self._coordinator = None
-            self._upload_events(events_file)
+
+    def _end_run(self, coordinator: Any, events_file: str) -> None:
+        """Read the last metrics, wake any waiter in the coordinator, then end it (killing an
+        actor with threads blocked in a gather is what can abort it), and upload the log."""
+        import ray
+
+        try:
+            progress = ray.get(coordinator.get_progress.remote(), timeout=30)
+            self.last_metrics = progress.get("metrics")
+            ray.get(coordinator.close.remote(), timeout=30)
+        except Exception as exc:  # the coordinator died: nothing more to read from it
+            logger.debug("rayguard: coordinator unavailable at the end of fit(): %s", exc)
+        ray.kill(coordinator)
+        self._coordinator = None
+        self._upload_events(events_file)
+
+    def _final_error(self, exc: TrainingFailedError) -> tuple[BaseException, BaseException | None]:
+        """The exception ``fit()`` raises: Ray's ``WorkerGroupError`` type (code that catches
+        it keeps working) with every worker's whole message (Ray truncates long ones, and
+        rayguard's ``Fix:`` lines are at their end), why rayguard stopped retrying, and the
+        user's own exception with its worker traceback as the cause."""
+        if not isinstance(exc, WorkerGroupError) or not exc.worker_failures:
+            return exc, None
+        import ray
+
+        from rayguard.health.failure_policy import STOP_REASON_KEY
+
+        try:
+            stop, failures = ray.get([self._coordinator.get.remote(STOP_REASON_KEY),
+                                      self._coordinator.failures.remote()], timeout=30)
+        except Exception:
+            stop, failures = None, {}
+        records = failures.get(max(failures), []) if failures else []
+        lines = [f"[rank {rank}] {type(error).__name__}: {error}"
+                 for rank, error in sorted(exc.worker_failures.items())]
+        if stop:
+            lines.append(f"rayguard: {stop['reason']}.")
+        lines.append(f"What happened, attempt by attempt: {self.run_dir}/{EVENTS_FILENAME}")
+        error = WorkerGroupError("\n".join(lines), exc.worker_failures)
+        rank = stop["rank"] if stop else min(exc.worker_failures)
+        cause = exc.worker_failures.get(rank)
+        record = next((r for r in records if r.rank == rank), None)
+        if cause is not None and record is not None and record.traceback:
+            cause.__cause__ = WorkerTraceback(f"rank {rank}, attempt {record.attempt}:\n"
+                                              + record.traceback)
+        return error, cause
 
     def _upload_events(self, events_file: str) -> None:
         fs = self._remote_fs
@@ -193,3 +263,8 @@ class RobustTrainer(TorchTrainer):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]

@@ -26,7 +26,20 @@ class HealthConfig:
     """Adaptive stall timeout: this many times the slowest step seen so far."""
 
     stall_timeout_floor_s: float = 300.0
-    """Adaptive stall timeout never goes below this (covers start-up and the first step)."""
+    """Adaptive stall timeout never goes below this."""
+
+    startup_timeout_s: float = 1800.0
+    """Seconds a rank may take from its start (set-up, ``load_state()``, CUDA/NCCL init,
+    ``torch.compile``, data-loader warm-up) to its first completed step. The stall timeout
+    applies only from the first step on; before it, this bound does (every restart starts
+    again with it)."""
+
+    crash_loop_retries: int = 1
+    """Restarts allowed for a failure that repeats: the same exception from the same frame on
+    the same rank ending consecutive attempts with no checkpoint committed in between (or at
+    the same step). After that many repeats the run ends with the user's exception. ``0``:
+    an exception raised by the training function is never retried (deaths and hangs still
+    are)."""
 
     watch_metrics: tuple[str, ...] = ("loss",)
     """Reported metrics that must stay finite (NaN/inf triggers ``nan_policy``)."""
@@ -84,6 +97,15 @@ class HealthConfig:
         if not (isinstance(self.stall_timeout_floor_s, (int, float)) and self.stall_timeout_floor_s > 0):
             raise config_error("HealthConfig", "stall_timeout_floor_s", self.stall_timeout_floor_s,
                                "must be > 0", "use a floor that covers start-up, e.g. 300")
+        if not (isinstance(self.startup_timeout_s, (int, float)) and self.startup_timeout_s > 0
+                and math.isfinite(self.startup_timeout_s)):
+            raise config_error("HealthConfig", "startup_timeout_s", self.startup_timeout_s,
+                               "must be a finite number of seconds > 0",
+                               "pass a bound that covers start-up and the first step, e.g. 1800")
+        if not (isinstance(self.crash_loop_retries, int)
+                and not isinstance(self.crash_loop_retries, bool) and self.crash_loop_retries >= 0):
+            raise config_error("HealthConfig", "crash_loop_retries", self.crash_loop_retries,
+                               "must be an int >= 0", "pass e.g. crash_loop_retries=1")
         if not all(isinstance(m, str) and m for m in self.watch_metrics):
             raise config_error("HealthConfig", "watch_metrics", self.watch_metrics,
                                "must be metric names (non-empty strings)",
@@ -117,6 +139,13 @@ class HealthConfig:
         if not all(isinstance(m, str) and m for m in self.memory_metrics):
             raise config_error("HealthConfig", "memory_metrics", self.memory_metrics,
                                "must be metric names", 'pass e.g. memory_metrics=("memory_bytes",)')
+
+    def progress_bound(self, slowest_step_s: float | None, *, started: bool) -> tuple[str, float]:
+        """The bound in force: ``("startup", startup_timeout_s)`` before the first completed
+        step of an attempt, ``("stall", timeout)`` after it."""
+        if not started:
+            return "startup", float(self.startup_timeout_s)
+        return "stall", self.stall_timeout_for(slowest_step_s)
 
     def stall_timeout_for(self, slowest_step_s: float | None) -> float:
         """The stall timeout in force, given the slowest step seen so far."""

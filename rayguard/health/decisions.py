@@ -42,10 +42,18 @@ def check_finite(metrics: Mapping[str, Any], watch: Iterable[str], *, policy: st
     return CONTINUE
 
 
-def check_stall(now: float, last_progress: float, timeout_s: float) -> Decision:
-    """Progress watchdog: no progress for longer than the timeout means stuck."""
+def check_stall(now: float, last_progress: float, timeout_s: float, *,
+                bound: str = "stall") -> Decision:
+    """Progress watchdog: no progress for longer than the timeout means stuck. ``bound``:
+    ``"stall"`` (since the last step) or ``"startup"`` (no step completed yet)."""
     idle = now - last_progress
     if idle > timeout_s:
-        return Decision("restart", check="stall", value=round(idle, 3), threshold=timeout_s,
-                        reason=f"no progress for {idle:.1f} s (stall timeout {timeout_s:.1f} s)")
+        if bound == "startup":
+            why = (f"no first step {idle:.1f} s after start-up "
+                   f"(start-up timeout {timeout_s:.1f} s, HealthConfig.startup_timeout_s)")
+        else:
+            why = (f"no progress for {idle:.1f} s "
+                   f"(stall timeout {timeout_s:.1f} s, HealthConfig.stall_timeout_s)")
+        return Decision("restart", check=bound, value=round(idle, 3), threshold=timeout_s,
+                        reason=why)
     return CONTINUE

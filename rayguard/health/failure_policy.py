@@ -1,27 +1,93 @@
-"""Ray Train failure policy that never retries errors a restart cannot fix."""
+"""Ray Train failure policy that never retries errors a restart cannot fix.
+
+Two kinds: errors deterministic by construction (a bad config, a failed preflight, an
+impossible device mapping, a state that cannot be checkpointed: :func:`is_fatal`), and
+crash loops (the same exception from the same frame ending consecutive attempts with no
+durable progress: :mod:`rayguard.health.crash_loop`). Either ends the run at once; the
+reason is left with the run's coordinator so that the driver raises the user's exception
+with rayguard's whole message. Everything else follows Ray's own budget
+(``FailureConfig(max_failures=...)``).
+"""
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 from ray.train.v2._internal.execution.failure_handling import FailureDecision
 from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
+from rayguard.events import make_event
 from rayguard.exceptions import ConfigError, PreflightError, WorkerSetupError
+
+logger = logging.getLogger("rayguard")
 
 # A bad config, a failed preflight or an impossible device mapping is the same on every
 # attempt: retrying only burns the restart budget and hides the message.
 FATAL_ERRORS: tuple[type[BaseException], ...] = (ConfigError, PreflightError, WorkerSetupError)
 
+STOP_REASON_KEY = "stop_reason"
+"""Coordinator key under which the policy leaves why it ended the run (read by the driver)."""
+
 
 def is_fatal(error: BaseException) -> bool:
+    error = getattr(error, "_base_exc", error)
     return isinstance(error, FATAL_ERRORS) or bool(getattr(error, "fatal", False))
 
 
 class GuardFailurePolicy(DefaultFailurePolicy):
+    """Runs in Ray Train's controller actor; ``coordinator`` is the run's coordinator."""
+
+    def __init__(self, failure_config: Any, coordinator: Any = None,
+                 crash_loop_retries: int = 1) -> None:
+        super().__init__(failure_config)
+        self.coordinator = coordinator
+        self.crash_loop_retries = crash_loop_retries
+
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
-        if isinstance(training_failed_error, WorkerGroupError) and any(
-            is_fatal(getattr(e, "_base_exc", e))
-            for e in training_failed_error.worker_failures.values()
-        ):
-            return FailureDecision.RAISE
+        if isinstance(training_failed_error, WorkerGroupError):
+            failures = training_failed_error.worker_failures
+            fatal = {rank: e for rank, e in failures.items() if is_fatal(e)}
+            if fatal:
+                rank, error = sorted(fatal.items())[0]
+                self._stop("fatal", rank, f"{type(error).__name__} is not retried: a restart "
+                           "cannot fix it")
+                return FailureDecision.RAISE
+            loop = self._crash_loop(len(failures))
+            if loop is not None:
+                self._stop("crash_loop", loop.rank, (
+                    f"crash loop: {loop.summary} (raised at {loop.origin}) ended attempt "
+                    f"{loop.attempt} on rank {loop.rank} exactly as before, with no checkpoint "
+                    f"committed in between; HealthConfig(crash_loop_retries="
+                    f"{self.crash_loop_retries}) repeat(s) allowed, so it is not retried"),
+                    attempt=loop.attempt)
+                return FailureDecision.RAISE
         return super().make_decision(training_failed_error)
+
+    def _crash_loop(self, failed_ranks: int) -> Any:
+        if self.coordinator is None:
+            return None
+        import ray
+
+        try:
+            return ray.get(self.coordinator.crash_loop.remote(failed_ranks, self.crash_loop_retries),
+                           timeout=30)
+        except Exception as exc:  # no verdict: fall back to Ray's budget
+            logger.warning("rayguard: crash-loop check unavailable: %s", exc)
+            return None
+
+    def _stop(self, kind: str, rank: int, reason: str, **extra: Any) -> None:
+        logger.info("rayguard: %s", reason)
+        if self.coordinator is None:
+            return
+        import ray
+
+        try:
+            ray.get([self.coordinator.put.remote(STOP_REASON_KEY, {"kind": kind, "rank": rank,
+                                                                   "reason": reason}),
+                     self.coordinator.record.remote(make_event(
+                         "crash_loop" if kind == "crash_loop" else "not_retried", reason,
+                         rank=rank, **extra))], timeout=30)
+        except Exception as exc:
+            logger.warning("rayguard: could not record why the run stops: %s", exc)

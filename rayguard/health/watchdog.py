@@ -1,9 +1,11 @@
 """The progress watchdog that runs in each worker.
 
 Progress is every ``rayguard.train.report`` (a completed step) and every
-``rayguard.train.heartbeat()``. A background thread checks, about ten times per timeout,
-whether the rank has been idle for longer than the stall timeout in force (explicit, or
-adaptive from the slowest step seen) and then calls ``on_stall`` once.
+``rayguard.train.heartbeat()``. Two bounds: until the first completed step of an attempt
+(set-up, ``load_state()``, CUDA/NCCL init, compilation) the start-up timeout applies; from
+then on the stall timeout (explicit, or adaptive from the slowest step seen). A background
+thread checks about ten times per bound (at least once a second) and calls ``on_stall``
+once with a decision that names the bound that fired.
 """
 
 from __future__ import annotations
@@ -30,8 +32,14 @@ class Watchdog:
         self.fired = False
 
     @property
+    def bound(self) -> tuple[str, float]:
+        """``(name, seconds)`` of the bound in force (``startup`` or ``stall``)."""
+        return self.health.progress_bound(self.slowest_step_s,
+                                          started=self.last_step_end is not None)
+
+    @property
     def timeout_s(self) -> float:
-        return self.health.stall_timeout_for(self.slowest_step_s)
+        return self.bound[1]
 
     def step_completed(self) -> None:
         now = self.clock()
@@ -46,7 +54,8 @@ class Watchdog:
         self.last_progress = self.clock()
 
     def check(self) -> Decision:
-        return check_stall(self.clock(), self.last_progress, self.timeout_s)
+        name, timeout_s = self.bound
+        return check_stall(self.clock(), self.last_progress, timeout_s, bound=name)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="rayguard-watchdog", daemon=True)

@@ -196,7 +196,7 @@ def bind_worker(mode: str, plan_entry: WorkerPlan | None, *, source: str = "") -
     node = plan_entry.numa_node
     mem = set_preferred_memory_node(node)[1] if node is not None else "memory policy not set"
     result = BindingResult(mode, rank, node, affinity, threads, mem, True, tuple(notes), source)
-    logger.info("rayguard NUMA: %s%s", result.summary(),
+    logger.debug("rayguard NUMA: %s%s", result.summary(),
                 f" (notes: {'; '.join(notes)})" if notes else "")
     return result
 

@@ -147,8 +147,11 @@ class FaultInjector:
     """
 
     def __init__(self, faults: tuple[Fault, ...], *, rank: int, attempt: int,
-                 claim: Callable[[str], bool] | None = None) -> None:
+                 claim: Callable[[str], bool] | None = None,
+                 on_fire: Callable[[Fault], None] | None = None) -> None:
         self.faults = faults
+        self.on_fire = on_fire
+        """Called just before a fault fires (the session records it in the event log)."""
         self.rank = rank
         self.attempt = attempt
         self._local_claims: set[str] = set()
@@ -176,6 +179,8 @@ class FaultInjector:
             self._fire(fault, {})
 
     def _fire(self, fault: Fault, metrics: dict) -> dict:
+        if self.on_fire is not None:
+            self.on_fire(fault)
         if fault.kind == "nan":
             return {**metrics, fault.metric: float("nan")}
         if fault.kind == "raise":

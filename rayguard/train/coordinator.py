@@ -12,6 +12,8 @@ import threading
 from typing import Any
 
 from rayguard.events import EventLog
+from rayguard.health.crash_loop import FailureRecord, crash_loop
+from rayguard.progress import NOTABLE_KINDS
 
 
 class RunCoordinator:
@@ -25,6 +27,11 @@ class RunCoordinator:
         self._store: dict[str, Any] = {}
         self._gathers: dict[str, dict[int, Any]] = {}
         self._gather_reads: dict[str, int] = {}
+        self._failures: dict[int, list[FailureRecord]] = {}
+        self._commits: dict[int, int] = {}
+        self._progress: dict[str, Any] = {}
+        self._notable: list[dict[str, Any]] = []
+        self._closed = False
         self._cond = threading.Condition()
 
     # -- attempts and events -------------------------------------------------------------
@@ -39,7 +46,49 @@ class RunCoordinator:
     def record(self, event: dict[str, Any]) -> None:
         if event.get("attempt") is None:
             event["attempt"] = self.attempt()
+        if event.get("kind") == "checkpoint_committed":
+            attempt = event["attempt"]
+            self._commits[attempt] = self._commits.get(attempt, 0) + 1
+            self._progress["checkpoint_step"] = event.get("step")
+        if event.get("kind") in NOTABLE_KINDS:
+            self._notable.append(event)
         self._log.append(event)
+
+    def notable_events(self, since: int = 0) -> list[dict[str, Any]]:
+        """Events a person must see, from index ``since`` on (the driver prints them)."""
+        return self._notable[since:]
+
+    # -- failures and crash loops ----------------------------------------------------------
+    def record_failure(self, rank: int, attempt: int, error_type: str, origin: str, step: int,
+                       summary: str, traceback: str = "") -> None:
+        """A worker's training function ended with an exception (called before it re-raises)."""
+        record = FailureRecord(rank=rank, attempt=attempt, error_type=error_type, origin=origin,
+                               step=step, commits=self._commits.get(attempt, 0), summary=summary,
+                               traceback=traceback[-20000:])
+        with self._cond:
+            self._failures.setdefault(attempt, []).append(record)
+
+    def crash_loop(self, failed_ranks: int, retries: int) -> FailureRecord | None:
+        """The record proving that the current attempt repeats a failure, or None."""
+        with self._cond:
+            history = {a: list(r) for a, r in self._failures.items()}
+        return crash_loop(history, self.attempt(), failed_ranks=failed_ranks, retries=retries)
+
+    def failures(self) -> dict[int, list[FailureRecord]]:
+        return {a: list(r) for a, r in self._failures.items()}
+
+    # -- progress (the driver's console line and Result's last metrics) -------------------
+    def progress(self, update: dict[str, Any]) -> None:
+        self._progress.update(update)
+
+    def get_progress(self) -> dict[str, Any]:
+        return dict(self._progress, attempt=self.attempt())
+
+    def close(self) -> None:
+        """End of fit(): wake every waiter so the actor can be killed with no thread blocked."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def events_file(self) -> str:
         return str(self._log.path)
@@ -74,7 +123,8 @@ class RunCoordinator:
             slot = self._gathers.setdefault(tag, {})
             slot[rank] = value
             self._cond.notify_all()
-            if not self._cond.wait_for(lambda: len(slot) >= world_size, timeout=timeout_s):
+            if not self._cond.wait_for(lambda: len(slot) >= world_size or self._closed,
+                                       timeout=timeout_s) or len(slot) < world_size:
                 return None
             values = [slot[r] for r in sorted(slot)]
             reads = self._gather_reads.get(tag, 0) + 1

@@ -57,9 +57,12 @@ class WorkerSession:
         self.guard = guard
         self.coordinator = coordinator
         self.forwarder = Forwarder()
-        self.injector = FaultInjector(faults, rank=ctx.rank, attempt=ctx.attempt, claim=self._claim)
+        self.injector = FaultInjector(faults, rank=ctx.rank, attempt=ctx.attempt, claim=self._claim,
+                                      on_fire=self._on_fault)
         self.watchdog = Watchdog(guard.health, on_stall=self._on_stall)
         self.last_step = -1
+        self._last_metrics: dict[str, Any] | None = None
+        self._progress_sent_at = float("-inf")
         self.report_count = 0
         self.load_count = 0
         self.fs: Any = None
@@ -73,12 +76,33 @@ class WorkerSession:
 
         return bool(ray.get(self.coordinator.claim.remote(key)))
 
+    def _on_fault(self, fault: Fault) -> None:
+        """An injected fault is about to fire: say so first (a kill leaves no other trace)."""
+        self.mark(f"cause:{self.ctx.attempt}:{self.ctx.rank}", f"injected {fault.kind}")
+        self.record("fault_injected", f"injected {fault.kind} ({fault.key}; RAYGUARD_FAULTS or "
+                    "GuardConfig(faults=))", step=self.last_step, wait=True, fault=fault.kind)
+
+    def mark(self, key: str, value: Any) -> None:
+        """Leave a fact with the coordinator, waited for (the controller reads it after this
+        worker is gone)."""
+        if self.coordinator is None:
+            return
+        import ray
+
+        try:
+            ray.get(self.coordinator.put.remote(key, value), timeout=10)
+        except Exception as exc:
+            logger.debug("rayguard: could not leave %s with the coordinator: %s", key, exc)
+
     def record(self, kind: str, detail: str, *, step: int | None = None, wait: bool = False,
                **extra: Any) -> None:
         """Add an event to the run's log (fire-and-forget unless ``wait``)."""
         event = make_event(kind, detail, rank=self.ctx.rank, node=self.ctx.node_id,
                            step=step, attempt=self.ctx.attempt, **extra)
-        logger.info("rayguard event %s rank=%s step=%s: %s", kind, self.ctx.rank, step, detail)
+        from rayguard.progress import NOTABLE_KINDS
+
+        logger.log(logging.WARNING if kind in NOTABLE_KINDS else logging.DEBUG,
+                   "rayguard event %s rank=%s step=%s: %s", kind, self.ctx.rank, step, detail)
         if self.coordinator is None:
             return
         ref = self.coordinator.record.remote(event)
@@ -104,6 +128,26 @@ class WorkerSession:
                 return result
             self.watchdog.heartbeat()
 
+    def report_failure(self, exc: BaseException) -> None:
+        """Tell the coordinator how this attempt ended (the crash-loop rule and the driver's
+        final exception read it). Called by the set-up wrapper before the exception leaves."""
+        if self.coordinator is None or not isinstance(exc, Exception):
+            return
+        import traceback
+
+        import ray
+
+        from rayguard.health.crash_loop import describe_exception
+
+        error_type, origin, summary = describe_exception(exc)
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            ray.get(self.coordinator.record_failure.remote(
+                self.ctx.rank, self.ctx.attempt, error_type, origin, self.last_step, summary,
+                text), timeout=10)
+        except Exception as err:  # the user's exception matters more than this record
+            logger.debug("rayguard: could not record the failure: %s", err)
+
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         self.watchdog.start()
@@ -111,8 +155,32 @@ class WorkerSession:
     def close(self, timeout_s: float | None = 600) -> None:
         try:
             self.forwarder.close(timeout_s)
+            self._send_progress(final=True)
         finally:
             self.watchdog.stop()
+
+    def _send_progress(self, *, final: bool = False) -> None:
+        """Rank 0's latest step and metrics to the coordinator (the driver's progress line,
+        ``RobustTrainer.last_metrics``): fire-and-forget at most every few seconds, and once
+        more, waited for, when the function returns."""
+        if self.ctx.rank != 0 or self.coordinator is None or self._last_metrics is None:
+            return
+        from rayguard.progress import SEND_INTERVAL_S
+
+        now = time.monotonic()
+        if not final and now - self._progress_sent_at < SEND_INTERVAL_S:
+            return
+        self._progress_sent_at = now
+        ref = self.coordinator.progress.remote({
+            "step": self.last_step, "metrics": self._last_metrics, "time": time.time(),
+            "world_size": self.ctx.world_size})
+        if final:
+            import ray
+
+            try:
+                ray.get(ref, timeout=10)
+            except Exception as exc:
+                logger.debug("rayguard: could not send the final metrics: %s", exc)
 
     # -- the user-facing calls ---------------------------------------------------------
     def heartbeat(self) -> None:
@@ -127,11 +195,15 @@ class WorkerSession:
         self.last_step = step
         self.report_count += 1
         checkpoint = None
+        if state is not None:
+            _check_checkpointable(state, self.ctx.rank)
         if self.ctx.world_size > 1 or state is not None:
             from rayguard.train.checkpointing import maybe_checkpoint
 
             checkpoint = maybe_checkpoint(self, state, step)
         self.forwarder.submit(_forward, metrics, checkpoint)
+        self._last_metrics = metrics
+        self._send_progress()
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
         health = self.guard.health
@@ -155,13 +227,27 @@ class WorkerSession:
 
     def _on_stall(self, decision: Decision) -> None:
         """Runs in the watchdog thread: dump stacks, record, end this worker."""
+        self.mark(f"cause:{self.ctx.attempt}:{self.ctx.rank}", f"killed by rayguard: {decision.check}")
         path = dump_stacks(self.ctx, local_run_dir=self.fs is None)
         detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
         try:
             self.record("stall_detected", detail, step=self.last_step, wait=True,
-                        timeout_s=decision.threshold, stacks=path)
+                        timeout_s=decision.threshold, bound=decision.check, stacks=path)
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _check_checkpointable(state: Any, rank: int) -> None:
+    """Fail fast, before any peer waits for this rank, on a value no checkpoint can hold; the
+    path named is the user's own (``state['cfg']``)."""
+    from rayguard.checkpoint.format import encode
+    from rayguard.exceptions import SerializationError, StateNotCheckpointableError
+
+    try:
+        encode(state)
+    except SerializationError as exc:
+        raise StateNotCheckpointableError(
+            f"rank {rank}: report(state=...): {exc}") from None
 
 
 def _forward(metrics: dict[str, Any], checkpoint: Any) -> None:

@@ -152,9 +152,10 @@ class GuardedTrainFn:
         session = self._set_up()
         try:
             result = self.inner()
-        except BaseException:
+        except BaseException as exc:
             session.watchdog.stop()
             session._flush_quietly(timeout_s=5)  # keep what was reported before the error
+            session.report_failure(exc)
             raise
         session.close()
         set_context(None)
@@ -162,6 +163,11 @@ class GuardedTrainFn:
 
     def _set_up(self) -> WorkerSession:
         import ray
+
+        from rayguard.logs import configure_logging, quiet_ray_reports
+
+        configure_logging()
+        quiet_ray_reports()
 
         attempt = ray.get(self.coordinator.attempt.remote()) if self.coordinator else 0
         ctx = _base_context(self.run_dir, attempt)

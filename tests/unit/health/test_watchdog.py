@@ -20,6 +20,7 @@ class Clock:
 def test_explicit_timeout_fires_only_after_it():
     clock = Clock()
     wd = Watchdog(HealthConfig(stall_timeout_s=10), on_stall=lambda d: None, clock=clock)
+    wd.step_completed()  # the stall timeout applies from the first step on
     clock.t = 9.9
     assert wd.check().ok
     clock.t = 10.1
@@ -30,6 +31,7 @@ def test_explicit_timeout_fires_only_after_it():
 def test_progress_and_heartbeat_reset_the_timer():
     clock = Clock()
     wd = Watchdog(HealthConfig(stall_timeout_s=5), on_stall=lambda d: None, clock=clock)
+    wd.step_completed()
     for t in (4.0, 8.0, 12.0):
         clock.t = t
         wd.heartbeat() if t == 8.0 else wd.step_completed()
@@ -42,7 +44,7 @@ def test_adaptive_timeout_follows_the_slowest_step_above_the_floor():
     clock = Clock()
     health = HealthConfig(stall_timeout_floor_s=30, stall_timeout_multiplier=10)
     wd = Watchdog(health, on_stall=lambda d: None, clock=clock)
-    assert wd.timeout_s == 30  # before any step: the floor covers start-up
+    assert wd.bound == ("startup", 1800)  # before any step: the start-up bound
     wd.step_completed()
     clock.t = 1.0
     wd.step_completed()  # a 1 s step -> 10 s, still below the floor
@@ -65,6 +67,7 @@ def test_the_thread_calls_on_stall_once():
         done.set()
 
     wd = Watchdog(HealthConfig(stall_timeout_s=0.2), on_stall=on_stall)
+    wd.step_completed()
     wd.start()
     assert done.wait(10)
     wd.stop()
@@ -82,3 +85,33 @@ def test_check_finite_watches_only_named_metrics():
 def test_check_stall_boundary():
     assert check_stall(10.0, 0.0, 10.0).ok
     assert not check_stall(10.01, 0.0, 10.0).ok
+
+
+def test_no_stall_before_the_first_step_only_the_startup_bound():
+    """A slow start (CUDA/NCCL init, compilation, a loaded machine) is not a stall: before
+    the first completed step only ``startup_timeout_s`` applies, and the decision names it."""
+    clock = Clock()
+    health = HealthConfig(stall_timeout_s=4, startup_timeout_s=100)
+    wd = Watchdog(health, on_stall=lambda d: None, clock=clock)
+    clock.t = 50.0
+    assert wd.check().ok  # 50 s without a step: fine during start-up
+    clock.t = 100.5
+    d = wd.check()
+    assert d.check == "startup" and d.threshold == 100 and "startup_timeout_s" in d.reason
+    wd.step_completed()  # first step: from now on the stall timeout
+    clock.t = 104.0
+    assert wd.check().ok
+    clock.t = 105.0
+    d = wd.check()
+    assert d.check == "stall" and d.threshold == 4 and "stall_timeout_s" in d.reason
+
+
+def test_startup_bound_is_validated():
+    import pytest
+
+    from rayguard import ConfigError
+
+    with pytest.raises(ConfigError, match="startup_timeout_s"):
+        HealthConfig(startup_timeout_s=0)
+    with pytest.raises(ConfigError, match="crash_loop_retries"):
+        HealthConfig(crash_loop_retries=-1)

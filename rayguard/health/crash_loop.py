@@ -1,0 +1,85 @@
+"""Crash loops: failures that a restart cannot fix, decided from plain data.
+
+Each worker that ends with an exception leaves a :class:`FailureRecord` with the run's
+coordinator (rank, exception type, the frame it was raised in, the last step the rank
+reported, the checkpoints it committed in that attempt). A restart is pointless when the
+same exception from the same frame ends consecutive attempts on the same rank and the
+later attempt made no durable progress (no checkpoint committed) or failed at the same
+step: the next attempt would do exactly the same. ``crash_loop_retries`` such repeats are
+tolerated (one by default), then the run ends with the user's own exception.
+
+A worker that *died* (SIGKILL, OOM, node loss) leaves no record, and the errors its peers
+raise then are collateral (a closed connection in a collective): an attempt with a death
+in it is never judged a crash loop.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """How one rank's attempt ended with an exception."""
+
+    rank: int
+    attempt: int
+    error_type: str
+    """Qualified name of the exception type, e.g. ``builtins.ValueError``."""
+    origin: str
+    """The innermost frame of the traceback, ``file:line in function``."""
+    step: int
+    """The last step this rank reported in the attempt (-1: none)."""
+    commits: int
+    """Checkpoints committed during the attempt (as seen by this rank)."""
+    summary: str
+    """``Type: first line of the message``."""
+    traceback: str = ""
+    """The worker's formatted traceback (the cause of the driver's final exception)."""
+
+    @property
+    def signature(self) -> tuple[int, str, str]:
+        return (self.rank, self.error_type, self.origin)
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str, str]:
+    """``(qualified type, origin frame, one-line summary)`` of an exception."""
+    cls = type(exc)
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    origin = (f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+              if frames else "<unknown>")
+    lines = str(exc).strip().splitlines()
+    summary = f"{cls.__name__}: {lines[0]}" if lines else cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}", origin, summary
+
+
+def _same_failure(earlier: FailureRecord, later: FailureRecord) -> bool:
+    """``later`` repeats ``earlier`` and the attempt in between gained nothing durable."""
+    return earlier.signature == later.signature and (
+        later.commits == 0 or later.step == earlier.step)
+
+
+def crash_loop(history: Mapping[int, Sequence[FailureRecord]], attempt: int, *,
+               failed_ranks: int, retries: int) -> FailureRecord | None:
+    """The record proving a crash loop at ``attempt``, or ``None`` (retry as usual).
+
+    ``history``: failure records by attempt. ``failed_ranks``: how many ranks Ray reports
+    as failed at ``attempt``; fewer records than that means a worker died (no loop).
+    ``retries``: identical failures tolerated before the loop is declared.
+    """
+    current = list(history.get(attempt, ()))
+    if not current or len(current) < failed_ranks:
+        return None
+    for record in current:
+        repeats, later = 0, record
+        for earlier_attempt in range(attempt - 1, attempt - 1 - retries, -1):
+            earlier = next((r for r in history.get(earlier_attempt, ())
+                            if r.signature == later.signature), None)
+            if earlier is None or not _same_failure(earlier, later):
+                break
+            repeats, later = repeats + 1, earlier
+        if repeats >= retries:
+            return record
+    return None

@@ -1,0 +1,113 @@
+"""Errors a restart cannot fix end the run at once (or after one repeat), with the user's
+own exception, its worker traceback and rayguard's whole message; a transient error still
+recovers. Real RobustTrainer runs on the shared local cluster."""
+
+from __future__ import annotations
+
+import pytest
+from ray.train import FailureConfig, RunConfig
+from ray.train.v2.api.exceptions import WorkerGroupError
+
+import rayguard
+from rayguard.events import read as read_events
+from rayguard.exceptions import StateNotCheckpointableError, WorkerTraceback
+from rayguard.testing.recorder import make_trainer
+
+
+def bug_loop(config):
+    raise ValueError("my bug")
+
+
+def unsaveable_loop(config):
+    class SomeObject:
+        pass
+
+    rayguard.train.report({"loss": 1.0}, state={"cfg": SomeObject()})
+
+
+def transient_loop(config):
+    ctx = rayguard.train.get_context()
+    state = rayguard.train.load_state()
+    start = 0 if state is None else state["step"] + 1
+    for step in range(start, 4):
+        if ctx.attempt == 0 and step == 2:
+            raise ConnectionError("flaky storage")
+        rayguard.train.report({"loss": 1.0, "step": step},
+                              state={"step": step} if ctx.rank == 0 else None)
+
+
+def raise_at_end_loop(config):
+    state = rayguard.train.load_state()
+    start = 0 if state is None else state["step"] + 1
+    for step in range(start, 3):
+        rayguard.train.report({"loss": 1.0, "step": step},
+                              state={"step": step} if rayguard.train.get_context().rank == 0 else None)
+    raise RuntimeError("always at the end")
+
+
+def _attempts(events):
+    return sorted({e["attempt"] for e in events if e["kind"] == "attempt_started"})
+
+
+def _fit_error(tmp_path, fn, name, **guard):
+    trainer = make_trainer(fn, tmp_path, guard=rayguard.GuardConfig(numa="off", **guard), name=name)
+    with pytest.raises(WorkerGroupError) as info:
+        trainer.fit()
+    return info.value, read_events(trainer.run_dir)
+
+
+def test_a_deterministic_bug_ends_after_one_repeat_with_the_users_exception(ray_local, tmp_path):
+    error, events = _fit_error(tmp_path, bug_loop, "bug")
+    assert _attempts(events) == [0, 1]  # one retry at most (was 4 attempts)
+    text = str(error)
+    assert "ValueError: my bug" in text and "crash loop" in text and "crash_loop_retries" in text
+    assert isinstance(error.__cause__, ValueError) and str(error.__cause__) == "my bug"
+    worker_tb = error.__cause__.__cause__
+    assert isinstance(worker_tb, WorkerTraceback)
+    assert "test_crash_loop.py" in str(worker_tb) and "bug_loop" in str(worker_tb)
+    kinds = [e["kind"] for e in events]
+    assert "crash_loop" in kinds and kinds[-1] == "failed"
+    died = [e for e in events if e["kind"] == "worker_died"]
+    assert died and all("\n" not in e["detail"] and e["cause"] == "error" for e in died)
+    assert all("my bug" in e["details"] for e in died)
+
+
+def test_an_unsaveable_state_is_never_retried_and_keeps_its_fix(ray_local, tmp_path):
+    error, events = _fit_error(tmp_path, unsaveable_loop, "unsaveable")
+    assert _attempts(events) == [0]
+    text = str(error)
+    assert "state['cfg']" in text and "state['state']" not in text
+    assert "Fix:" in text and "Output truncated" not in text
+    assert isinstance(error.__cause__, StateNotCheckpointableError)
+    assert "not_retried" in [e["kind"] for e in events]
+
+
+def test_a_transient_error_still_recovers(ray_local, tmp_path):
+    trainer = make_trainer(transient_loop, tmp_path, guard=rayguard.GuardConfig(numa="off"),
+                           name="transient")
+    result = trainer.fit()
+    events = read_events(result.path)
+    assert _attempts(events) == [0, 1] and events[-1]["kind"] == "finished"
+    assert trainer.last_metrics == {"loss": 1.0, "step": 3}
+
+
+def test_a_failure_that_repeats_at_the_same_step_stops_after_one_repeat(ray_local, tmp_path):
+    error, events = _fit_error(tmp_path, raise_at_end_loop, "at-end")
+    assert _attempts(events) == [0, 1]
+    assert "always at the end" in str(error)
+
+
+def test_zero_crash_loop_retries_stops_at_the_first_exception(ray_local, tmp_path):
+    error, events = _fit_error(tmp_path, bug_loop, "no-retry",
+                               health=rayguard.HealthConfig(crash_loop_retries=0))
+    assert _attempts(events) == [0]
+
+
+def test_the_callers_run_config_is_not_changed(tmp_path):
+    rc = RunConfig(storage_path=str(tmp_path))
+    trainer = rayguard.RobustTrainer(bug_loop, run_config=rc)
+    assert rc.failure_config == FailureConfig()  # the caller's object is untouched
+    assert trainer.run_config.failure_config.max_failures == 3
+    none = rayguard.RobustTrainer(bug_loop, run_config=rc, guard_config=rayguard.GuardConfig(
+        health=rayguard.HealthConfig(max_restarts=0)))
+    assert none.run_config.failure_config.max_failures == 0

@@ -1,0 +1,68 @@
+"""The crash-loop rule on plain records (no Ray): what repeats is not retried, what makes
+durable progress or dies is."""
+
+from rayguard.health.crash_loop import FailureRecord, crash_loop, describe_exception
+from rayguard.train.callbacks import describe_failure
+
+
+def rec(attempt, rank=0, origin="train.py:3 in train_fn", step=-1, commits=0, kind="builtins.ValueError"):
+    return FailureRecord(rank=rank, attempt=attempt, error_type=kind, origin=origin, step=step,
+                         commits=commits, summary="ValueError: my bug")
+
+
+def test_same_error_twice_with_no_progress_is_a_loop():
+    history = {0: [rec(0)], 1: [rec(1)]}
+    assert crash_loop(history, 1, failed_ranks=1, retries=1) == rec(1)
+    assert crash_loop(history, 0, failed_ranks=1, retries=1) is None  # first failure: retry
+    assert crash_loop(history, 1, failed_ranks=1, retries=2) is None  # two repeats allowed
+
+
+def test_zero_retries_stops_at_the_first_exception():
+    assert crash_loop({0: [rec(0)]}, 0, failed_ranks=1, retries=0) == rec(0)
+
+
+def test_progress_between_failures_is_not_a_loop_unless_at_the_same_step():
+    moved = {0: [rec(0, step=5)], 1: [rec(1, step=12, commits=1)]}
+    assert crash_loop(moved, 1, failed_ranks=1, retries=1) is None
+    same_step = {0: [rec(0, step=9, commits=2)], 1: [rec(1, step=9, commits=1)]}
+    assert crash_loop(same_step, 1, failed_ranks=1, retries=1) is not None
+
+
+def test_other_origin_type_or_rank_is_not_a_loop():
+    for other in (rec(1, origin="train.py:9 in f"), rec(1, kind="builtins.KeyError"), rec(1, rank=1)):
+        assert crash_loop({0: [rec(0)], 1: [other]}, 1, failed_ranks=1, retries=1) is None
+
+
+def test_an_attempt_with_a_dead_worker_is_never_a_loop():
+    # rank 1 died (no record); rank 0's error is collateral, even if it repeats
+    history = {0: [rec(0)], 1: [rec(1)]}
+    assert crash_loop(history, 1, failed_ranks=2, retries=1) is None
+
+
+def test_describe_exception_names_type_origin_and_first_line():
+    def boom():
+        raise ValueError("my bug\nsecond line")
+
+    try:
+        boom()
+    except ValueError as exc:
+        error_type, origin, summary = describe_exception(exc)
+    assert error_type == "builtins.ValueError"
+    assert origin.endswith("in boom") and "test_crash_loop.py" in origin
+    assert summary == "ValueError: my bug"
+
+
+def test_worker_died_reason_is_one_line_with_its_cause():
+    class WorkerHealthCheckFailedError(Exception):
+        health_check_failure = None
+
+    death = WorkerHealthCheckFailedError("Worker health check failed\nlong\nRay\ndump")
+    cause, reason, details = describe_failure(death, "injected kill")
+    assert cause == "injected kill" and reason == "injected kill (RAYGUARD_FAULTS)"
+    assert "\n" in details and "\n" not in reason
+    cause, reason, _ = describe_failure(death, None)
+    assert cause == "died" and "\n" not in reason and "Worker health check failed" in reason
+    cause, reason, _ = describe_failure(death, "killed by rayguard: stall")
+    assert cause == "stall" and "watchdog" not in reason and "stall_detected" in reason
+    cause, reason, _ = describe_failure(ValueError("my bug\ntrace"), None)
+    assert (cause, reason) == ("error", "ValueError: my bug")
