@@ -6,11 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup quickstart test lint bench
+# First run: creates .venv and installs torch (CPU build), Ray and the test tools; pip's
+# progress is shown. Later runs skip this step (the stamp file is newer than its inputs).
 $(BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
+	@echo "== rayguard set-up (first run only): creating $(VENV) =="
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements/constraints.txt
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install --upgrade pip
+	@echo "== installing torch (CPU build, requirements/constraints.txt) =="
+	$(BIN)/python -m pip install -r requirements/constraints.txt
+	@echo "== installing rayguard with Ray and the test tools =="
+	$(BIN)/python -m pip install -c requirements/constraints.txt -e ".[test]"
+	@echo "== set-up done =="
 	touch $@
 
 setup: $(BIN)/.rayguard-setup

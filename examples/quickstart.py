@@ -1,16 +1,24 @@
 """rayguard quickstart: 2 CPU workers on a local Ray cluster train a small model on synthetic
-data with DDP (gloo), verified checkpoints every few steps, and print the loss falling.
+data with DDP (gloo) and a verified checkpoint every 10 steps.
 
-    make quickstart          # or: .venv/bin/python examples/quickstart.py
+    make quickstart          # or: .venv/bin/python examples/quickstart.py [--storage-path DIR]
+
+Each run goes into its own directory under ``~/ray_results/rayguard-quickstart`` (or
+``--storage-path``); the script ends by printing it and the commands to look inside.
 """
 
-import tempfile
+import argparse
+import os
+import sys
+import time
 
 import ray
 import torch
 from ray.train import RunConfig, ScalingConfig
 
 import rayguard
+
+CHECKPOINT_EVERY = 10  # report(state=...) takes a checkpoint: every N steps, not every step
 
 
 def train_fn(config):
@@ -34,26 +42,38 @@ def train_fn(config):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        save = step % 10 == 9 and ctx.rank == 0
+        save = step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1 and ctx.rank == 0
         state = {"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step}
         rayguard.train.report({"loss": loss.item(), "step": step}, state=state if save else None)
-        if ctx.rank == 0 and step % 5 == 0:
+        if ctx.rank == 0 and step in (0, config["steps"] - 1):
             print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--storage-path", default=os.path.expanduser("~/ray_results/rayguard-quickstart"),
+                        help="where runs are written (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+
     ray.init(address="local", num_cpus=2, include_dashboard=False)  # a new local cluster
     trainer = rayguard.RobustTrainer(
         train_fn,
-        train_loop_config={"lr": 0.05, "steps": 60},
+        train_loop_config={"lr": 0.05, "steps": args.steps},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="rayguard-quickstart-"),
-                             name="quickstart"),
+        run_config=RunConfig(storage_path=args.storage_path,
+                             name=time.strftime("run-%Y%m%d-%H%M%S")),
         guard_config=rayguard.GuardConfig(seed=0),
     )
     result = trainer.fit()
-    print(f"final loss {result.metrics['loss']:.4f}; checkpoint {result.checkpoint.path}")
-    print(f"event log: {result.path}/rayguard_events.jsonl")
+    loss = trainer.last_metrics["loss"]  # Result.metrics holds only checkpointed reports
+    print(f"\nfinished: final loss {loss:.4f} after {args.steps} steps")
+    print(f"run directory:   {result.path}")
+    print(f"last checkpoint: {result.checkpoint.path}")
+    cli = os.path.relpath(os.path.join(os.path.dirname(sys.executable), "rayguard"))
+    print("look inside:")
+    print(f"  {cli} checkpoint ls {result.path}")
+    print(f"  {cli} events {result.path}")
 
 
 if __name__ == "__main__":

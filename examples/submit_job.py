@@ -189,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     if result.error is not None:
         print(f"rayguard job failed: {result.error}", flush=True)
         return 1
-    metrics = result.metrics or {}
+    # Result.metrics holds the metrics of the last *checkpointed* report (Ray's behaviour);
+    # rayguard keeps the last reported ones, checkpoint or not.
+    metrics = trainer.last_metrics or {}
+    loss = f"{metrics['loss']:.4f}" if "loss" in metrics else "not reported"
     print(f"rayguard job finished: run {name}, steps {args.steps}, "
-          f"final loss {metrics.get('loss', float('nan')):.4f}, path {result.path}", flush=True)
+          f"final loss {loss}, path {result.path}", flush=True)
     return 0
 
 

@@ -74,6 +74,7 @@ class ProgressPrinter:
         self._stop.set()
         self._thread.join(timeout=5)
         self._poll_events()
+        self._poll_progress()  # the last step, unless already printed
 
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self.interval_s)):

@@ -40,9 +40,9 @@ def _with_restart_budget(run_config: RunConfig | None,
         return run_config, None
     run_config.failure_config = FailureConfig(max_failures=guard.health.max_restarts)
     return run_config, (
-        f"restart budget: {guard.health.max_restarts} restart(s) (HealthConfig.max_restarts; "
-        "Ray's default FailureConfig(max_failures=0), given or not, reads as unset). For "
-        "TorchTrainer's behaviour pass GuardConfig(health=HealthConfig(max_restarts=0)).")
+        f"up to {guard.health.max_restarts} restarts (HealthConfig.max_restarts): "
+        "FailureConfig(max_failures=0) is Ray's default and reads as unset; for no restarts "
+        "pass GuardConfig(health=HealthConfig(max_restarts=0))")
 
 
 class RobustTrainer(TorchTrainer):
@@ -71,7 +71,9 @@ class RobustTrainer(TorchTrainer):
         self.last_metrics: dict[str, Any] | None = None
         """Rank 0's last reported metrics once ``fit()`` returned or raised (Ray's
         ``Result.metrics`` holds only the metrics reported with the last checkpoint)."""
-        run_config, self._budget_note = _with_restart_budget(run_config, guard_config)
+        user_run_config = run_config is not None
+        run_config, note = _with_restart_budget(run_config, guard_config)
+        self._budget_note = note if user_run_config else None  # only where 0 may be meant
         super().__init__(train_loop_per_worker, run_config=run_config, **kwargs)
 
     # -- paths -------------------------------------------------------------------------

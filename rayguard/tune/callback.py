@@ -80,6 +80,9 @@ class TrialHealth:
     last_progress: float | None = None
     """``time.monotonic()`` of the last result or start; ``None`` while not running."""
     last_iteration: int = 0
+    started: bool = False
+    """A result arrived since the trial (re)started: the stall timeout applies, not the
+    start-up bound."""
     slowest_step_s: float | None = None
     verdict: Verdict | None = None
     pending: Decision | None = None
@@ -174,7 +177,8 @@ class HealthCallback(Callback):
                     continue
                 if trial.status != "RUNNING":
                     continue
-                timeout = self.health.stall_timeout_for(watch.slowest_step_s)
+                _, timeout = self.health.progress_bound(watch.slowest_step_s,
+                                                        started=watch.started)
                 verdict = check_stall(trial.trial_id, watch.last_progress, now, timeout,
                                       watch.last_iteration, time.time())
                 if verdict is not None:
@@ -196,6 +200,7 @@ class HealthCallback(Callback):
         with self._lock:
             watch = self._get(trial)
             watch.last_progress = self._clock()
+            watch.started = False
         self.event_log.record(ev.TRIAL_STARTED, trial.trial_id,
                               f"trial {trial.trial_id} started", restarts=watch.restarts)
 
@@ -209,6 +214,7 @@ class HealthCallback(Callback):
             watch = self._get(trial)
             watch.last_progress = point.time
             watch.last_iteration = point.iteration
+            watch.started = True
             if point.interval_s is not None:
                 watch.slowest_step_s = max(watch.slowest_step_s or 0.0, point.interval_s)
             if watch.pending is not None:

@@ -170,5 +170,9 @@ def test_ray_job_submit_runs_the_example_job(ray_head: Head) -> None:
     progress = {int(s): float(v) for s, v in PROGRESS.findall(logs)}
     assert set(progress) == set(range(steps)), f"progress lines: {sorted(progress)}\n{logs[-4000:]}"
     assert progress[steps - 1] < progress[0], f"loss did not fall: {progress}"
+    # No checkpoint is taken by default, and the summary still shows the last loss (it said
+    # "final loss nan" when it read Result.metrics, which only checkpointed reports fill).
+    final = re.search(r"rayguard job finished: .*final loss ([0-9.]+)", logs)
+    assert final and float(final.group(1)) == pytest.approx(progress[steps - 1], abs=1e-4), logs[-2000:]
     # The submit command streamed the same logs to the user.
     assert "rayguard job finished" in out

@@ -77,7 +77,7 @@ def test_kill_rank1_resumes_exactly(clean, tmp_path):
 
 
 def test_hang_rank0_is_detected_and_resumes_exactly(clean, tmp_path):
-    weights, events = _fit(tmp_path, "hang", faults="hang:rank=0,step=3", stall=4.0)
+    weights, events = _fit(tmp_path, "hang", faults="hang:rank=0,step=3", stall=8.0)
     assert _equal(weights, clean)
     stalls = [e for e in events if e["kind"] == "stall_detected"]
     assert stalls and stalls[0]["rank"] == 0 and stalls[0]["step"] == 2

@@ -172,3 +172,29 @@ def test_pickles_and_keeps_state_across_resume(applied):
     assert fresh._watch["t1"].restarts == 1
     assert [e.kind for e in fresh.event_log.events()] == \
         [e.kind for e in callback.event_log.events()]
+
+
+def test_a_slow_trial_start_is_not_a_stall_until_the_startup_bound(applied):
+    """Before a trial's first result only ``startup_timeout_s`` applies (a trial process
+    starting on a loaded machine, data loading); the stall timeout from the first result on."""
+    callback, clock = make(stall_timeout_s=5.0, startup_timeout_s=60.0)
+    t = trial()
+    callback.on_step_begin(iteration=0, trials=[t])
+    callback.on_trial_start(iteration=0, trials=[t], trial=t)
+    clock.now += 30.0
+    callback.on_step_begin(iteration=1, trials=[t])
+    assert applied == []  # 30 s without a result: still starting
+    report(callback, t, 1, 1.0, clock)
+    clock.now += 5.5
+    callback.on_step_begin(iteration=2, trials=[t])
+    assert applied and applied[0][0] == "restart"  # after a result: the stall timeout
+
+
+def test_a_trial_that_never_reports_is_caught_by_the_startup_bound(applied):
+    callback, clock = make(stall_timeout_s=5.0, startup_timeout_s=60.0)
+    t = trial()
+    callback.on_step_begin(iteration=0, trials=[t])
+    callback.on_trial_start(iteration=0, trials=[t], trial=t)
+    clock.now += 61.0
+    callback.on_step_begin(iteration=1, trials=[t])
+    assert applied and applied[0][0] in ("restart", "fail")
