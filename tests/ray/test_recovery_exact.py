@@ -73,6 +73,9 @@ def test_kill_rank1_resumes_exactly(clean, tmp_path):
     assert "worker_died" in kinds and "restart" in kinds and "restored" in kinds
     restored = [e for e in events if e["kind"] == "restored"]
     assert restored[0]["step"] == 4  # the checkpoint before the kill
+    died = [e for e in events if e["kind"] == "worker_died" and e["rank"] == 1]
+    assert died[0]["cause"] == "injected kill" and "RAYGUARD_FAULTS" in died[0]["detail"]
+    assert "\n" not in died[0]["detail"]
     assert kinds[-1] == "finished"
 
 
