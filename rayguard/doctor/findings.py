@@ -70,6 +70,7 @@ CODES: dict[str, str] = {
     "PROC_NOT_INT": "RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/NODE_RANK is not an integer",
     "PROC_OUT_OF_RANGE": "a rank is negative or not below its world size",
     "PROC_MISSING": "a rendezvous variable is set without the others env:// needs",
+    "PROC_NO_MASTER": "RANK/WORLD_SIZE without MASTER_*: right for tcp://, not for env://",
     "MASTER_PORT_INVALID": "MASTER_PORT is not a port number (1-65535)",
     "MASTER_PORT_PRIVILEGED": "MASTER_PORT below 1024 needs root",
     "MASTER_ADDR_UNRESOLVABLE": "MASTER_ADDR does not resolve on this node",
