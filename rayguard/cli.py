@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rayguard.connect import install_exit_handlers
+
+    install_exit_handlers()  # Ctrl-C: exit 130, SIGTERM: 143, at any moment
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

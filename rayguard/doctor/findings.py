@@ -122,7 +122,7 @@ CODES: dict[str, str] = {
     "STORAGE_LOW_SPACE": "little free space on the storage path",
     "CLOCK_SKEW": "the node's clock differs from the driver's",
     # runner.py
-    "DOCTOR_NO_CLUSTER": "no Ray cluster found; only the local machine was checked",
+    "DOCTOR_NO_CLUSTER": "no Ray cluster found: checked this machine only",
     "DOCTOR_PROBE_FAILED": "the probe task failed on a node",
     "DOCTOR_PROBE_TIMEOUT": "the probe task did not return in time on a node",
 }
