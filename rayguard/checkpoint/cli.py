@@ -83,11 +83,11 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 "problems": [f"{p.file}: {p.what}" for p in report.problems],
             }
         )
-    status = EXIT_CORRUPT if any(row["status"] == "CORRUPT" for row in rows) else EXIT_OK
+    exit_code = EXIT_CORRUPT if any(row["status"] == "CORRUPT" for row in rows) else EXIT_OK
     if args.json:
         for row in rows:
             print(json.dumps(row))
-        return status
+        return exit_code
     if not rows:
         print(f"no checkpoints under {args.root}")
         return EXIT_OK
@@ -98,7 +98,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print(f"{step:>8}  {size:>10}  {row['status']:<9} {row['path']}")
         for problem in row["problems"]:
             print(f"{'':>32}{problem}")
-    return status
+    return exit_code
 
 
 def _human(n: int) -> str:
