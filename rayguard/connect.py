@@ -69,10 +69,34 @@ def is_auth_failure(text: str) -> bool:
 
 
 def auth_message(command: str, address: str, local_hint: str) -> str:
+    mode = os.environ.get("RAY_AUTH_MODE")
+    sent = (f"RAY_AUTH_MODE={mode} here" if mode else
+            "RAY_AUTH_MODE is unset here, so no token is sent to an explicit address")
     return (f"{command}: the Ray cluster at {address} refused this process's authentication "
-            "(Ray token auth: \"Unauthenticated ... InvalidAuthToken\"). Fix: use the cluster's "
-            "token here: export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<token> (or "
+            f"(Ray token auth: \"Unauthenticated ... InvalidAuthToken\"; {sent}). Fix: use the "
+            "cluster's token here: export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<token> (or "
             "RAY_AUTH_TOKEN_PATH=<file>, default ~/.ray/auth_token), or " + local_hint)
+
+
+def init_ray(address: str, *, found_automatically: bool) -> None:
+    """``ray.init(address=...)`` for a CLI helper process, with Ray's own token rule: a
+    cluster found automatically (``auto``) gets this user's token (``~/.ray/auth_token``)
+    when RAY_AUTH_MODE is unset, as a bare ``ray.init()`` does; an explicit address does not
+    (Ray 2.60, ``ray/_private/worker.py``)."""
+    import logging
+
+    import ray
+
+    if found_automatically:
+        try:
+            from ray._private.authentication.authentication_token_setup import (
+                maybe_enable_token_auth_if_token_available,
+            )
+        except ImportError:  # another Ray version: ray.init's own behaviour applies
+            pass
+        else:
+            maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
 
 
 def process_elapsed_s() -> float | None:

@@ -40,10 +40,9 @@ def doctor_in_child(notify: Notify, *, address: str, storage_path: str | None,
                     env: dict[str, str], timeout_s: float) -> dict[str, Any]:
     """The helper process's side (:func:`rayguard.connect.call_connected`): connect, run,
     return the report as a dict."""
-    import logging
-
     import ray
 
+    from rayguard.connect import init_ray
     from rayguard.doctor.runner import DoctorUnavailableError, resolve_address, run
 
     try:
@@ -53,7 +52,7 @@ def doctor_in_child(notify: Notify, *, address: str, storage_path: str | None,
     if target is None:
         return run(address, storage_path=storage_path, env=env, timeout_s=timeout_s).to_dict()
     notify("connecting", address=target)
-    ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False)
+    init_ray(target, found_automatically=address == "auto")
     notify("connected")
     try:
         return run(target, storage_path=storage_path, env=env, timeout_s=timeout_s).to_dict()

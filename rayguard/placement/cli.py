@@ -14,6 +14,7 @@ from rayguard.connect import (
     ClusterUnavailableError,
     Notify,
     call_connected,
+    init_ray,
 )
 from rayguard.exceptions import ConfigError
 from rayguard.placement.numa import NodePlan, WorkerRequest, plan_node
@@ -102,13 +103,11 @@ def _node_text(topo: Topology, plan: NodePlan) -> list[str]:
 def topologies_in_child(notify: Notify, *, address: str, timeout_s: float) -> list[dict[str, Any]]:
     """The helper process's side (:func:`rayguard.connect.call_connected`): every alive
     node's topology as a dict."""
-    import logging
-
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     notify("connecting", address=address)
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    init_ray(address, found_automatically=address == "auto")
     notify("connected")
     try:
         @ray.remote(num_cpus=0)

@@ -70,13 +70,22 @@ def auth_token() -> str:
 
 
 @pytest.fixture(scope="module")
+def token_home(tmp_path_factory: pytest.TempPathFactory, auth_token: str) -> str:
+    """A HOME whose ~/.ray/auth_token is the cluster's token (the user's own default token,
+    as `ray start` leaves it), without touching the real home."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(auth_token)
+    return str(home)
+
+
+@pytest.fixture(scope="module")
 def auth_cluster(tmp_path_factory: pytest.TempPathFactory, auth_token: str) -> Iterator[str]:
     """A real one-node Ray 2.60 cluster with token authentication (RAY_AUTH_MODE=token),
     in its own process group and temp dir; stopped by killing that group only."""
     temp_dir = tmp_path_factory.mktemp("ray-auth")
     port = _free_port()
-    token = auth_token
-    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_USAGE_STATS_ENABLED="0")
+    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=auth_token, RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
          f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
@@ -170,6 +179,18 @@ def test_doctor_with_the_right_token_checks_the_cluster(auth_cluster, auth_token
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert data["address"] is not None and len(data["nodes"]) == 1
+
+
+def test_doctor_auto_sends_this_users_token_as_ray_init_does(auth_cluster, token_home):
+    """``--address auto`` finding a cluster: with RAY_AUTH_MODE unset, the user's default
+    token goes along (Ray's rule for a cluster found automatically); an explicit address
+    gets none, so that refusal is reported with the fix."""
+    env = _env(HOME=token_home, RAY_ADDRESS=auth_cluster)
+    found = _cli("doctor", "--json", env=env)
+    assert found.returncode in (0, 1), found.stderr[-2000:]
+    assert json.loads(found.stdout)["address"] is not None
+    explicit = _cli("doctor", "--address", auth_cluster, env=_env(HOME=token_home))
+    assert explicit.returncode == 2 and "RAY_AUTH_MODE is unset here" in explicit.stderr
 
 
 def test_doctor_without_cluster_says_it_checked_this_machine_only():

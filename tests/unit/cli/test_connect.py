@@ -54,12 +54,14 @@ def test_the_connect_is_bounded():
     assert info.value.kind == "timeout"
 
 
-def test_an_auth_refusal_ends_the_wait_with_the_fix():
+def test_an_auth_refusal_ends_the_wait_with_the_fix(monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     with pytest.raises(ClusterUnavailableError) as info:
         call("refused")  # the child would sleep 600 s: the refusal ends it
     text = str(info.value)
     assert info.value.kind == "auth" and "fake:3 refused this process's authentication" in text
     assert "RAY_AUTH_MODE=token" in text and "use --address none" in text
+    assert "RAY_AUTH_MODE is unset here" in text
 
 
 def test_auth_markers_and_pickling():
