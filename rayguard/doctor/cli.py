@@ -85,7 +85,11 @@ def main(args: argparse.Namespace) -> int:
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            print(f"rayguard doctor: --env {item!r} must be NAME=VALUE", file=sys.stderr)
+            message = f"rayguard doctor: --env {item!r} must be NAME=VALUE"
+            if args.json:
+                print(json.dumps({"version": 1, "ok": None, "error": message, "reason": "usage"}))
+            else:
+                print(message, file=sys.stderr)
             return EXIT_UNAVAILABLE
         env[name] = value
     try:

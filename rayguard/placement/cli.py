@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         plans = [plan_node(t, example_requests(t, args.workers, args.gpus_per_worker,
                                                args.cpus_per_worker)) for t in topologies]
     except ConfigError as exc:
-        print(f"error: {exc}")
+        print(json.dumps({"error": str(exc), "reason": "config"}) if args.json else f"error: {exc}")
         return 2
     except ClusterUnavailableError as exc:
         if args.json:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 
 from rayguard.cli import build_parser
 
@@ -25,3 +28,15 @@ def test_every_command_has_json():
             "rayguard checkpoint ls"} <= names
     missing = [name for name, p in leaves if "--json" not in p._option_string_actions]
     assert missing == [], f"commands without --json: {missing}"
+
+
+def _json_error(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "rayguard", *args], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_usage_errors_are_json_under_json():
+    assert _json_error("topology", "--json", "--workers", "-1")["reason"] == "config"
+    assert _json_error("doctor", "--json", "--env", "NOEQUALS")["reason"] == "usage"
