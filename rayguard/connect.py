@@ -111,11 +111,12 @@ def process_elapsed_s() -> float | None:
         return None
 
 
-def install_exit_handlers(on_signal: Callable[[], None] | None = None) -> None:
+def install_exit_handlers(on_signal: Callable[[], None] | None = None) -> Callable[[], None]:
     """SIGINT exits 130 and SIGTERM 143 at once, whatever the process is doing in Python
-    (``on_signal`` runs first, e.g. to kill a child). Main thread only; else a no-op."""
+    (``on_signal`` runs first, e.g. to kill a child). Returns a function that puts the
+    previous handlers back. Main thread only; elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
-        return
+        return lambda: None
 
     def handler(signum: int, frame: Any) -> None:
         if on_signal is not None:
@@ -130,8 +131,13 @@ def install_exit_handlers(on_signal: Callable[[], None] | None = None) -> None:
             pass
         os._exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -268,14 +274,15 @@ def call_connected(target: str, kwargs: dict[str, Any], *, command: str, address
         proc = subprocess.Popen([sys.executable, "-m", "rayguard.connect", payload],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                 start_new_session=True)
-        install_exit_handlers(lambda: _kill_group(proc))
-        waiter = _Waiter(proc, reader, command=command, address=address,
-                         local_hint=local_hint, connect_timeout_s=connect_timeout_s,
-                         timeout_s=timeout_s, progress=progress)
+        restore = install_exit_handlers(lambda: _kill_group(proc))
         try:
+            waiter = _Waiter(proc, reader, command=command, address=address,
+                             local_hint=local_hint, connect_timeout_s=connect_timeout_s,
+                             timeout_s=timeout_s, progress=progress)
             return waiter.wait()
         finally:
             _kill_group(proc)
+            restore()
 
 
 def _child_main(payload: str) -> int:

@@ -85,3 +85,13 @@ def test_report_headline_says_where_it_looked():
     assert DoctorReport([], [{}], None, 1.0).headline().endswith("this machine only (--address none), 1.0 s")
     remote = DoctorReport.from_dict(DoctorReport([], [{}, {}], "10.0.0.1:6379", 3.0).to_dict())
     assert remote.headline() == "rayguard doctor: 2 node(s) of the Ray cluster at 10.0.0.1:6379, 3.0 s"
+
+
+def test_exit_handlers_are_put_back():
+    import signal
+
+    from rayguard.cli import main
+
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    assert main(["checkpoint", "ls", "/does/not/exist"]) == 2
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
