@@ -36,12 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    return int(args.func(args) or 0)
+    from rayguard.connect import install_exit_handlers
+
+    restore = install_exit_handlers()  # Ctrl-C: exit 130, SIGTERM: 143, at any moment
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    finally:
+        restore()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,15 @@
-"""``rayguard checkpoint verify PATH [--json]`` and ``rayguard checkpoint ls ROOT [--json]``."""
+"""``rayguard checkpoint verify PATH [--json]`` and ``rayguard checkpoint ls ROOT [--json]``.
+
+Exit status: ``0`` every checkpoint verified (``ls``: also when there are none), ``1`` a
+checkpoint failed verification (``ls``: any listed one), ``2`` the path does not exist or
+is not a directory."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from typing import Any
 
 from rayguard.checkpoint.fallback import list_candidates, order_candidates
@@ -19,14 +25,33 @@ def register(subparsers: Any) -> None:
     p_verify.add_argument("--json", action="store_true", help="print the report as JSON")
     p_verify.set_defaults(func=_cmd_verify)
 
-    p_ls = sub.add_parser("ls", help="list the checkpoints under a run directory, newest first")
+    p_ls = sub.add_parser("ls", help="list the checkpoints under a run directory, newest first; "
+                                           "exit 1 when any fails verification")
     p_ls.add_argument("root", help="a directory holding checkpoint directories")
     p_ls.add_argument("--no-verify", action="store_true", help="check sizes only, skip sha256")
     p_ls.add_argument("--json", action="store_true", help="print one JSON object per line")
     p_ls.set_defaults(func=_cmd_ls)
 
 
+EXIT_OK, EXIT_CORRUPT, EXIT_NOT_FOUND = 0, 1, 2
+
+
+def _not_found(command: str, path: str, as_json: bool) -> int | None:
+    """Exit 2 with "not found" unless ``path`` is a directory; None when it is."""
+    if os.path.isdir(path):
+        return None
+    what = "not a directory" if os.path.exists(path) else "not found"
+    if as_json:
+        print(json.dumps({"path": path, "ok": None, "error": what}))
+    else:
+        print(f"rayguard checkpoint {command}: {path}: {what}", file=sys.stderr)
+    return EXIT_NOT_FOUND
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
+    missing = _not_found("verify", args.path, args.json)
+    if missing is not None:
+        return missing
     report = verify(args.path)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
@@ -37,10 +62,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"CORRUPT {report.path}:")
         for p in report.problems:
             print(f"  {p.file}: {p.what}")
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_CORRUPT
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
+    missing = _not_found("ls", args.root, args.json)
+    if missing is not None:
+        return missing
     rows: list[dict[str, Any]] = []
     for cand in order_candidates(list_candidates(args.root)):
         report = verify(cand.path, hashes=not args.no_verify)
@@ -55,13 +83,14 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 "problems": [f"{p.file}: {p.what}" for p in report.problems],
             }
         )
+    exit_code = EXIT_CORRUPT if any(row["status"] == "CORRUPT" for row in rows) else EXIT_OK
     if args.json:
         for row in rows:
             print(json.dumps(row))
-        return 0
+        return exit_code
     if not rows:
         print(f"no checkpoints under {args.root}")
-        return 0
+        return EXIT_OK
     print(f"{'STEP':>8}  {'SIZE':>10}  {'STATUS':<9} PATH")
     for row in rows:
         size = _human(row["size_bytes"]) if row["size_bytes"] is not None else "-"
@@ -69,7 +98,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print(f"{step:>8}  {size:>10}  {row['status']:<9} {row['path']}")
         for problem in row["problems"]:
             print(f"{'':>32}{problem}")
-    return 0
+    return exit_code
 
 
 def _human(n: int) -> str:

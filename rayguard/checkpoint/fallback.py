@@ -17,7 +17,6 @@ from typing import Any
 
 from rayguard.checkpoint.commit import STAGING_PREFIX
 from rayguard.checkpoint.manifest import MANIFEST_NAME
-from rayguard.checkpoint.reader import read_shard
 from rayguard.checkpoint.verify import Problem, VerifyReport, verify
 from rayguard.exceptions import CheckpointError
 
@@ -179,6 +178,8 @@ def load_latest_valid(
         problems = report.problems
         if not problems:
             try:
+                from rayguard.checkpoint.reader import read_shard  # imports torch
+
                 state = read_shard(cand.path, rank, map_location=map_location)
                 return LoadResult(cand.path, state, tuple(rejected))
             except CheckpointError as exc:

@@ -70,6 +70,7 @@ CODES: dict[str, str] = {
     "PROC_NOT_INT": "RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/NODE_RANK is not an integer",
     "PROC_OUT_OF_RANGE": "a rank is negative or not below its world size",
     "PROC_MISSING": "a rendezvous variable is set without the others env:// needs",
+    "PROC_NO_MASTER": "RANK/WORLD_SIZE without MASTER_*: right for tcp://, not for env://",
     "MASTER_PORT_INVALID": "MASTER_PORT is not a port number (1-65535)",
     "MASTER_PORT_PRIVILEGED": "MASTER_PORT below 1024 needs root",
     "MASTER_ADDR_UNRESOLVABLE": "MASTER_ADDR does not resolve on this node",
@@ -121,7 +122,7 @@ CODES: dict[str, str] = {
     "STORAGE_LOW_SPACE": "little free space on the storage path",
     "CLOCK_SKEW": "the node's clock differs from the driver's",
     # runner.py
-    "DOCTOR_NO_CLUSTER": "no Ray cluster found; only the local machine was checked",
+    "DOCTOR_NO_CLUSTER": "no Ray cluster found: checked this machine only",
     "DOCTOR_PROBE_FAILED": "the probe task failed on a node",
     "DOCTOR_PROBE_TIMEOUT": "the probe task did not return in time on a node",
 }

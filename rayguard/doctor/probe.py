@@ -63,6 +63,9 @@ class NodeProbe:
     """Addresses MASTER_ADDR resolved to; ``None``: not attempted; ``[]``: failed."""
     master_connect: str | None = None
     """``ok``, ``refused``, ``timeout``, ``error: ...``; ``None``: not attempted."""
+    process_group: bool | None = None
+    """True when this process already has torch.distributed's default process group (the
+    rendezvous is done, whatever its init_method); ``None``: not known (not a worker)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -237,6 +240,20 @@ def _master_network(env: Mapping[str, str], connect_timeout_s: float) -> tuple[l
         return resolved, f"error: {exc}"
 
 
+def process_group_initialized() -> bool | None:
+    """Whether torch.distributed's default process group exists in this process; ``None``
+    when torch.distributed was never imported here (it is not imported to find out)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported torch: unknown
+        return None
+
+
 def probe_local(env: Mapping[str, str] | None = None, *, storage_path: str | None = None,
                 deep: bool = True, network: bool = True, connect_timeout_s: float = 1.0,
                 node: str = "") -> NodeProbe:
@@ -253,6 +270,7 @@ def probe_local(env: Mapping[str, str] | None = None, *, storage_path: str | Non
         storage_path=storage_path, storage_exists=exists, storage_free_bytes=free,
         pythonpath_missing=[p for p in pp if not os.path.exists(p)], clock_s=time.time(),
         master_resolved=resolved, master_connect=connect,
+        process_group=process_group_initialized(),
     )
 
 

@@ -11,6 +11,7 @@ from rayguard.doctor.probe import NodeProbe
 
 INT_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
 ENV_INIT_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+MASTER_VARS = ("MASTER_ADDR", "MASTER_PORT")
 
 
 def parse_ints(env: Mapping[str, str]) -> tuple[dict[str, int], list[Finding]]:
@@ -86,10 +87,27 @@ def _is_loopback(addr: str) -> bool:
         return False
 
 
-def _missing(env: Mapping[str, str]) -> list[Finding]:
+def _missing(env: Mapping[str, str], process_group: bool | None) -> list[Finding]:
+    """Rendezvous variables that cannot work together, for every rendezvous Ray Train's
+    ``TorchConfig`` supports: ``init_method="env"`` (env://: Ray sets MASTER_ADDR/PORT,
+    RANK, WORLD_SIZE) and ``init_method="tcp"`` (tcp://host:port in the URL: Ray sets RANK
+    and WORLD_SIZE but no MASTER_*). In a process whose process group already exists the
+    rendezvous has succeeded, whatever its mode: nothing to report."""
+    if process_group:
+        return []
     present = [n for n in ENV_INIT_VARS if env.get(n)]
     if not present or ("RANK" not in present and "WORLD_SIZE" not in present):
         return []  # no env:// rendezvous configured (or only MASTER_* for a launcher)
+    masters = [n for n in MASTER_VARS if n in present]
+    if not masters:
+        # RANK/WORLD_SIZE alone: what TorchConfig(init_method="tcp") leaves (the address
+        # travels in the tcp:// URL). Valid; only env:// would fail.
+        return [Finding("PROC_NO_MASTER", "info", "MASTER_ADDR",
+                        f"{', '.join(present)} are set without MASTER_ADDR/MASTER_PORT: right "
+                        "for a tcp:// rendezvous (TorchConfig(init_method='tcp')); "
+                        "init_process_group(init_method='env://') would fail",
+                        "nothing for tcp://; for env:// set MASTER_ADDR and MASTER_PORT too "
+                        "(TorchConfig(init_method='env'), the default, sets them)")]
     missing = [n for n in ENV_INIT_VARS if n not in present]
     return [Finding("PROC_MISSING", "error", name,
                     f"{name} is unset while {', '.join(present)} are set: "
@@ -136,5 +154,5 @@ def check_torch_debug(env: Mapping[str, str]) -> list[Finding]:
 def check_process_env(probe: NodeProbe) -> list[Finding]:
     """RANK/WORLD_SIZE/LOCAL_*/NODE_RANK/MASTER_* types, ranges, consistency, reachability."""
     values, findings = parse_ints(probe.env)
-    return (findings + _range(values) + _missing(probe.env) + _master(probe.env, values)
+    return (findings + _range(values) + _missing(probe.env, probe.process_group) + _master(probe.env, values)
             + _network(probe) + check_torch_debug(probe.env))

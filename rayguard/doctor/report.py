@@ -21,6 +21,7 @@ class DoctorReport:
     address: str | None = None
     """The Ray cluster checked; ``None`` when only the local machine was."""
     duration_s: float = 0.0
+    """Wall time of the check (the CLI: from the command's start to the verdict)."""
 
     def __post_init__(self) -> None:
         order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -48,13 +49,27 @@ class DoctorReport:
                 "duration_s": round(self.duration_s, 3), "counts": counts, "nodes": self.nodes,
                 "findings": [f.to_dict() for f in self.findings]}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DoctorReport:
+        """The report :meth:`to_dict` wrote (e.g. by the CLI's helper process)."""
+        return cls([Finding.from_dict(f) for f in data.get("findings", [])],
+                   list(data.get("nodes", [])), data.get("address"),
+                   float(data.get("duration_s", 0.0)))
+
+    def headline(self) -> str:
+        """Where the check ran and how long it took, in one line."""
+        took = f"{self.duration_s:.1f} s"
+        if self.address:
+            return f"rayguard doctor: {len(self.nodes)} node(s) of the Ray cluster at {self.address}, {took}"
+        if "DOCTOR_NO_CLUSTER" in self.codes():
+            return f"rayguard doctor: no Ray cluster found: checked this machine only, {took}"
+        return f"rayguard doctor: checked this machine only (--address none), {took}"
+
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     def format_table(self, width: int = 100) -> str:
-        where = self.address or "local machine (no Ray cluster)"
-        head = (f"rayguard doctor: {len(self.nodes)} node(s) at {where}, "
-                f"{self.duration_s:.1f} s")
+        head = self.headline()
         if not self.findings:
             return head + "\nno findings: the setup looks right."
         rows = [("SEVERITY", "CODE", "NODE", "SUBJECT")]

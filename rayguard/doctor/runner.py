@@ -56,7 +56,7 @@ def resolve_address(address: str | None) -> str | None:
         return address
     raise DoctorUnavailableError(f"rayguard doctor: no Ray cluster answers at {address!r}. "
                                  "Fix: pass the head node's GCS address (host:6379), check "
-                                 "`ray status` there, or omit --address to check this machine")
+                                 "`ray status` there, or pass --address none to check only this machine")
 
 
 def _summary(p: NodeProbe, ray_node_id: str = "") -> dict[str, Any]:
@@ -165,7 +165,7 @@ def run(address: str | None = "auto", *, storage_path: str | None = None,
         if target is None:
             if address == "auto":
                 findings.append(Finding("DOCTOR_NO_CLUSTER", "info", "ray",
-                                        "no running Ray cluster found: only this machine was checked",
+                                        "no Ray cluster found: checked this machine only",
                                         "start the cluster (or pass --address) to check every node"))
             merged = {**os.environ, **(env or {})}
             probes = [probe_local(merged, storage_path=storage_path,

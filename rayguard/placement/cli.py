@@ -6,8 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
+from rayguard.connect import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    ClusterUnavailableError,
+    Notify,
+    call_connected,
+    init_ray,
+)
 from rayguard.exceptions import ConfigError
 from rayguard.placement.numa import NodePlan, WorkerRequest, plan_node
 from rayguard.placement.topology import (
@@ -32,6 +40,11 @@ def register(subparsers: Any) -> None:
                    help="CPUs Ray reserves per worker (default 1)")
     p.add_argument("--address", default=None,
                    help="Ray cluster address: show every alive node of that cluster")
+    p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                   help=f"seconds to wait for the cluster connect (default "
+                        f"{DEFAULT_CONNECT_TIMEOUT_S:.0f})")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for every node's answer (default 60)")
     p.set_defaults(func=run)
 
 
@@ -87,30 +100,51 @@ def _node_text(topo: Topology, plan: NodePlan) -> list[str]:
     return lines
 
 
-def _cluster_topologies(address: str) -> list[Topology]:
+def topologies_in_child(notify: Notify, *, address: str, timeout_s: float) -> list[dict[str, Any]]:
+    """The helper process's side (:func:`rayguard.connect.call_connected`): every alive
+    node's topology as a dict."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False)
+    notify("connecting", address=address)
+    init_ray(address, found_automatically=address == "auto")
+    notify("connected")
+    try:
+        @ray.remote(num_cpus=0)
+        def _probe() -> dict[str, Any]:
+            return discover_topology().to_dict()
 
-    @ray.remote(num_cpus=0)
-    def _probe() -> dict[str, Any]:
-        return discover_topology().to_dict()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        refs = [_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            n["NodeID"], soft=False)).remote() for n in nodes]
+        return list(ray.get(refs, timeout=timeout_s))
+    finally:
+        ray.shutdown()
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = [_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        n["NodeID"], soft=False)).remote() for n in nodes]
-    return [topology_from_dict(d, source=d.get("source", "remote")) for d in ray.get(refs)]
+
+def _cluster_topologies(args: argparse.Namespace) -> list[Topology]:
+    data = call_connected("rayguard.placement.cli:topologies_in_child",
+                          {"address": args.address, "timeout_s": args.timeout},
+                          command="rayguard topology", address=args.address,
+                          local_hint="omit --address to show only this machine",
+                          connect_timeout_s=args.connect_timeout, timeout_s=args.timeout + 30,
+                          progress=None if args.json else sys.stderr)
+    return [topology_from_dict(d, source=d.get("source", "remote")) for d in data]
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        topologies = _cluster_topologies(args.address) if args.address else [discover_topology()]
+        topologies = _cluster_topologies(args) if args.address else [discover_topology()]
         plans = [plan_node(t, example_requests(t, args.workers, args.gpus_per_worker,
                                                args.cpus_per_worker)) for t in topologies]
     except ConfigError as exc:
-        print(f"error: {exc}")
+        print(json.dumps({"error": str(exc), "reason": "config"}) if args.json else f"error: {exc}")
+        return 2
+    except ClusterUnavailableError as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc), "reason": exc.kind}))
+        else:
+            print(str(exc), file=sys.stderr)
         return 2
     if args.json:
         out = [{"topology": t.to_dict(),

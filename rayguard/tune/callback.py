@@ -12,6 +12,7 @@ trial's last result.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -36,6 +37,8 @@ from rayguard.tune.checks import (
 )
 from rayguard.tune.decisions import RESTART, CheckpointRecord, Decision, decide, rewind
 from rayguard.tune.verify import checkpoint_is_good
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -283,6 +286,12 @@ class HealthCallback(Callback):
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.event_log.record(ev.SWEEP_FINISHED, None, "sweep finished",
                               states={t.trial_id: t.status for t in trials})
+        if self._controller is not None:
+            try:
+                executor.publish_event_file(self._controller, self.event_log.path)
+            except OSError as exc:  # the log in memory stays complete
+                logger.warning("rayguard.tune: could not copy %s to the experiment "
+                               "directory: %s", self.event_log.path, exc)
 
     # -- verdicts and decisions -----------------------------------------------------------
     def _judge(self, watch: TrialHealth, verdict: Verdict) -> None:

@@ -79,6 +79,11 @@ class EventLog:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             self._write(self._events)
 
+    @property
+    def path(self) -> Path | None:
+        """The JSONL file events are appended to; None before :meth:`attach`."""
+        return self._path
+
     def record(self, kind: str, trial_id: str | None, detail: str,
                **data: Any) -> SweepEvent:
         event = SweepEvent(time.time(), kind, trial_id, detail, data)

@@ -25,6 +25,7 @@ naming the missing attribute instead of failing somewhere inside Tune.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayguard.exceptions import HealthError
@@ -82,6 +83,25 @@ def experiment_dir(controller: Any) -> str | None:
     """The experiment's driver-side directory, where the sweep event file goes."""
     storage = getattr(controller, "_storage", None)
     return getattr(storage, "experiment_driver_staging_path", None)
+
+
+def publish_event_file(controller: Any, local_file: Path | None) -> None:
+    """Copy the sweep event file from the driver's staging directory to the experiment's
+    storage directory. Tune syncs the staging directory for the last time before it calls
+    ``on_experiment_end``, so without this copy the stored file lacks ``sweep_finished``."""
+    storage = getattr(controller, "_storage", None)
+    dest_dir = getattr(storage, "experiment_fs_path", None)
+    if storage is None or local_file is None or dest_dir is None or not local_file.exists():
+        return
+    import pyarrow.fs
+
+    fs = storage.storage_filesystem
+    dest = f"{dest_dir}/{local_file.name}"
+    if isinstance(fs, pyarrow.fs.LocalFileSystem) and Path(dest).resolve() == local_file.resolve():
+        return
+    fs.create_dir(dest_dir, recursive=True)
+    pyarrow.fs.copy_files(str(local_file), dest, source_filesystem=pyarrow.fs.LocalFileSystem(),
+                          destination_filesystem=fs)
 
 
 def _end_actor(controller: Any, trial: Trial, exception: Exception) -> None:

@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import copy
+import sys
+import threading
 from typing import Any
 
+from rayguard.constants import DEFAULT_SERIALIZERS, SERIALIZERS_ENV_VAR, env_str
 from rayguard.exceptions import config_error
 from rayguard.health.config import HealthConfig
 from rayguard.tune.callback import HealthCallback
 from rayguard.tune.handle import TuneRun
 
 
-def _register_serializers() -> None:
-    """rayguard's tensor serializers in the driver, when that module is installed."""
-    try:
-        from rayguard.serialization import register_tensor_serializers  # type: ignore
-    except ImportError:
-        return
-    register_tensor_serializers()
+def _register_serializers() -> threading.Thread | None:
+    """rayguard's tensor serializers in the driver (unless ``RAYGUARD_SERIALIZERS=0``).
+
+    Registering imports torch, which takes seconds in a driver that has not imported it
+    yet; such a driver holds no tensor to send, so the import and the registration run in
+    a daemon thread and ``run()`` still returns at once. Until that thread is done, a
+    tensor the driver sends goes through torch's own pickling (correct, only slower).
+    Returns that thread, or None when the registration was done (or skipped) here."""
+    if env_str(SERIALIZERS_ENV_VAR, DEFAULT_SERIALIZERS) == "0":
+        return None
+    from rayguard.serialization import register_tensor_serializers
+
+    if "torch" in sys.modules:
+        register_tensor_serializers()
+        return None
+    thread = threading.Thread(target=register_tensor_serializers,
+                              name="rayguard-register-serializers", daemon=True)
+    thread.start()
+    return thread
 
 
 def _with_callback(callbacks: list[Any] | None, callback: HealthCallback) -> list[Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -87,7 +88,7 @@ def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_p
     restored = [e for e in events if e["kind"] == "restored"]
     assert restored[-1]["step"] == 2 and third.endswith(os.path.basename(restored[-1]["path"]))
     # The rayguard CLI agrees.
-    cli = subprocess.run([".venv/bin/python", "-m", "rayguard", "checkpoint", "verify", newest],
+    cli = subprocess.run([sys.executable, "-m", "rayguard", "checkpoint", "verify", newest],
                          capture_output=True, text=True)
     assert cli.returncode == 1
 

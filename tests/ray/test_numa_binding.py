@@ -97,7 +97,7 @@ def test_topology_command_on_the_cluster(ray_local) -> None:
 
     address = ray_local.get_runtime_context().gcs_address
     args = argparse.Namespace(json=True, workers=2, gpus_per_worker=0.0, cpus_per_worker=1.0,
-                              address=address)
+                              address=address, connect_timeout=60.0, timeout=120.0)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert run(args) == 0

@@ -37,9 +37,37 @@ def test_verify_and_ls(tmp_path: Path) -> None:
     assert good.stdout.startswith("OK ") and "step 1" in good.stdout
 
     listing = _cli("ls", str(tmp_path))
-    assert listing.returncode == 0, listing.stderr
+    assert listing.returncode == 1, listing.stderr  # a listed checkpoint is CORRUPT
     lines = listing.stdout.splitlines()
     assert lines[0].split() == ["STEP", "SIZE", "STATUS", "PATH"]
     assert lines[1].split()[0] == "2" and "CORRUPT" in lines[1]
     assert "truncated" in lines[2]
     assert lines[3].split()[0] == "1" and "verified" in lines[3]
+
+
+def test_missing_paths_are_not_found_exit_2(tmp_path: Path) -> None:
+    missing = str(tmp_path / "does" / "not" / "exist")
+    for command in ("verify", "ls"):
+        proc = _cli(command, missing)
+        assert proc.returncode == 2, proc.stdout
+        assert proc.stderr.strip() == f"rayguard checkpoint {command}: {missing}: not found"
+        assert "CORRUPT" not in proc.stdout and "no checkpoints" not in proc.stdout
+        doc = json.loads(_cli(command, missing, "--json").stdout)
+        assert doc == {"path": missing, "ok": None, "error": "not found"}
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "not a directory" in _cli("ls", str(a_file)).stderr
+
+
+def test_ls_exit_status_follows_verification(tmp_path: Path) -> None:
+    empty = _cli("ls", str(tmp_path))
+    assert empty.returncode == 0 and "no checkpoints" in empty.stdout
+    save(tmp_path / "checkpoint_000001", {"w": torch.ones(10), "step": 1}, step=1)
+    assert _cli("ls", str(tmp_path)).returncode == 0
+    assert _cli("ls", "--json", str(tmp_path)).returncode == 0
+    (tmp_path / "checkpoint_000002").mkdir()  # a checkpoint directory without a manifest
+    listing = _cli("ls", str(tmp_path))
+    assert listing.returncode == 1 and "CORRUPT" in listing.stdout
+    as_json = _cli("ls", "--json", str(tmp_path))
+    assert as_json.returncode == 1
+    assert [json.loads(line)["status"] for line in as_json.stdout.splitlines()] == ["CORRUPT", "verified"]

@@ -85,3 +85,44 @@ def test_real_probe_resolves_and_connects():
                                             ("info", ["TORCH_DISTRIBUTED_DEBUG_ON"]), ("OFF", [])])
 def test_torch_distributed_debug(value, expected):
     assert run({"TORCH_DISTRIBUTED_DEBUG": value}) == expected
+
+
+# Rendezvous modes of Ray Train's TorchConfig (ray/train/torch/config.py): "env" sets
+# MASTER_ADDR/MASTER_PORT plus RANK/WORLD_SIZE; "tcp" puts the address in the tcp:// URL and
+# sets RANK/WORLD_SIZE only.
+TCP_WORKER_ENV = {k: v for k, v in RAY_TRAIN_WORKER_ENV.items() if not k.startswith("MASTER_")}
+
+
+def test_tcp_rendezvous_env_is_not_an_error():
+    found = check_node(gpu_probe(TCP_WORKER_ENV))
+    assert [(f.code, f.severity) for f in found] == [("PROC_NO_MASTER", "info")]
+    assert "tcp://" in found[0].message and "env://" in found[0].message
+
+
+def test_half_env_rendezvous_is_still_an_error():
+    env = {**TCP_WORKER_ENV, "MASTER_ADDR": "10.0.0.1"}
+    found = check_process_env(gpu_probe(env))
+    assert [(f.code, f.subject, f.severity) for f in found] == [("PROC_MISSING", "MASTER_PORT", "error")]
+    no_rank = {k: v for k, v in RAY_TRAIN_WORKER_ENV.items() if k != "RANK"}
+    assert [f.subject for f in check_process_env(gpu_probe(no_rank)) if f.code == "PROC_MISSING"] == ["RANK"]
+
+
+@pytest.mark.parametrize("env", [TCP_WORKER_ENV, {**TCP_WORKER_ENV, "MASTER_ADDR": "10.0.0.1"}])
+def test_an_initialized_process_group_means_the_rendezvous_is_done(env):
+    assert run(env, process_group=True) == []
+    assert "PROC_MISSING" in run({**env, "MASTER_ADDR": "10.0.0.1"}, process_group=False)
+
+
+def test_worker_preflight_sees_a_real_process_group(tmp_path):
+    import torch.distributed as dist
+
+    from rayguard.doctor import worker_preflight
+
+    env = {**TCP_WORKER_ENV, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "10.0.0.1"}  # half env://, tcp:// in use
+    assert "PROC_MISSING" in codes(worker_preflight(env))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdv", rank=0, world_size=1)
+    try:
+        assert "PROC_MISSING" not in codes(worker_preflight(env))
+    finally:
+        dist.destroy_process_group()
