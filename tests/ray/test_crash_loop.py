@@ -49,15 +49,16 @@ def _attempts(events):
     return sorted({e["attempt"] for e in events if e["kind"] == "attempt_started"})
 
 
-def _fit_error(tmp_path, fn, name, **guard):
-    trainer = make_trainer(fn, tmp_path, guard=rayguard.GuardConfig(numa="off", **guard), name=name)
+def _fit_error(tmp_path, fn, name, num_workers=1, **guard):
+    trainer = make_trainer(fn, tmp_path, num_workers=num_workers,
+                           guard=rayguard.GuardConfig(numa="off", **guard), name=name)
     with pytest.raises(WorkerGroupError) as info:
         trainer.fit()
     return info.value, read_events(trainer.run_dir)
 
 
 def test_a_deterministic_bug_ends_after_one_repeat_with_the_users_exception(ray_local, tmp_path):
-    error, events = _fit_error(tmp_path, bug_loop, "bug")
+    error, events = _fit_error(tmp_path, bug_loop, "bug", num_workers=2)
     assert _attempts(events) == [0, 1]  # one retry at most (was 4 attempts)
     text = str(error)
     assert "ValueError: my bug" in text and "crash loop" in text and "crash_loop_retries" in text
