@@ -118,7 +118,8 @@ class WorkerSession:
     def heartbeat(self) -> None:
         self.watchdog.heartbeat()
 
-    def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None) -> None:
+    def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
+               sharded: Any = None) -> None:
         metrics = {k: _plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)
@@ -127,10 +128,10 @@ class WorkerSession:
         self.last_step = step
         self.report_count += 1
         checkpoint = None
-        if self.ctx.world_size > 1 or state is not None:
+        if self.ctx.world_size > 1 or state is not None or sharded is not None:
             from rayguard.train.checkpointing import maybe_checkpoint
 
-            checkpoint = maybe_checkpoint(self, state, step)
+            checkpoint = maybe_checkpoint(self, state, step, sharded)
         self.forwarder.submit(_forward, metrics, checkpoint)
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:

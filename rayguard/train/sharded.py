@@ -1,0 +1,127 @@
+"""The DCP adapter behind ``report(sharded=...)`` and ``load_state(sharded=...)``.
+
+``sharded`` maps names to what DCP should save and load in place:
+
+* an ``nn.Module`` (FSDP2 ``fully_shard``, DTensor parameters, or plain): its state dict
+  through ``torch.distributed.checkpoint.state_dict.get_model_state_dict`` /
+  ``set_model_state_dict`` (sharded, never gathered);
+* a ``torch.optim.Optimizer``: through ``get_optimizer_state_dict`` /
+  ``set_optimizer_state_dict`` against the one module of the same mapping;
+* anything else DCP takes as it is: a dict of (D)Tensors (loaded in place) or an object with
+  ``state_dict``/``load_state_dict`` (DCP's ``Stateful``).
+
+Every rank calls these functions together (DCP's save and load are collectives on the
+default process group). Integrity, the manifest and the commit are rayguard's
+(:mod:`rayguard.checkpoint.sharded`, :mod:`rayguard.train.checkpointing`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rayguard.checkpoint.sharded import DCP_DIR
+from rayguard.exceptions import CheckpointError
+
+
+def check_sharded_arg(sharded: Any) -> str | None:
+    """What is wrong with a ``sharded=`` argument (None: nothing)."""
+    import torch
+
+    if not isinstance(sharded, dict) or not sharded:
+        return (f"sharded= must be a non-empty dict such as {{'model': model, 'optim': opt}}, "
+                f"got {type(sharded).__name__}")
+    bad = [k for k in sharded if not isinstance(k, str)]
+    if bad:
+        return f"sharded= keys must be strings, got {bad[:3]}"
+    modules = [k for k, v in sharded.items() if isinstance(v, torch.nn.Module)]
+    optims = [k for k, v in sharded.items() if isinstance(v, torch.optim.Optimizer)]
+    if optims and len(modules) != 1:
+        return (f"sharded= holds optimizer(s) {optims} and modules {modules}: an optimizer's "
+                "state is keyed by the parameter names of exactly one module. Fix: pass one "
+                "module (wrap several in one nn.Module) beside the optimizer(s)")
+    return None
+
+
+def _model_of(sharded: dict[str, Any]) -> Any:
+    import torch
+
+    return next((v for v in sharded.values() if isinstance(v, torch.nn.Module)), None)
+
+
+def state_dict_for(sharded: dict[str, Any]) -> dict[str, Any]:
+    """The DCP state dict of ``sharded`` (sharded tensors stay sharded)."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    model = _model_of(sharded)
+    out: dict[str, Any] = {}
+    for key, value in sharded.items():
+        if isinstance(value, torch.nn.Module):
+            out[key] = get_model_state_dict(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            out[key] = get_optimizer_state_dict(model, value)
+        else:
+            out[key] = value
+    return out
+
+
+def describe_meshes(state_dict: Any) -> list[dict[str, Any]]:
+    """The device meshes of the DTensors in ``state_dict`` (for the manifest)."""
+    from torch.distributed.tensor import DTensor
+
+    seen: list[dict[str, Any]] = []
+    stack = [state_dict]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, DTensor):
+            mesh = obj.device_mesh
+            desc = {"device_type": mesh.device_type, "shape": list(mesh.shape),
+                    "dim_names": list(mesh.mesh_dim_names or ()),
+                    "placements": [str(p) for p in obj.placements]}
+            if desc not in seen:
+                seen.append(desc)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return seen
+
+
+def save(checkpoint_dir: str, sharded: dict[str, Any]) -> list[dict[str, Any]]:
+    """Write ``sharded`` with DCP into ``checkpoint_dir/dcp`` (collective); returns the
+    meshes it found. DCP fsyncs every file it writes."""
+    import torch.distributed.checkpoint as dcp
+
+    state_dict = state_dict_for(sharded)
+    dcp.save(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR))
+    return describe_meshes(state_dict)
+
+
+def load(checkpoint_dir: str, sharded: dict[str, Any]) -> None:
+    """Load ``checkpoint_dir/dcp`` into the objects of ``sharded`` in place (collective),
+    resharded by DCP to this world size and mesh. The files must have been verified."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state_dict = state_dict_for(sharded)
+    try:
+        dcp.load(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR))
+    except Exception as exc:
+        raise CheckpointError(
+            f"{checkpoint_dir}: torch.distributed.checkpoint could not load the sharded part "
+            f"into {sorted(sharded)} ({type(exc).__name__}: {exc}). Fix: pass the same keys, "
+            "model and optimizer types as when it was saved.") from exc
+    model = _model_of(sharded)
+    for key, value in sharded.items():
+        if isinstance(value, torch.nn.Module):
+            set_model_state_dict(value, state_dict[key])
+        elif isinstance(value, torch.optim.Optimizer):
+            set_optimizer_state_dict(model, value, state_dict[key])
