@@ -341,18 +341,19 @@ def _restore_sharded(session: WorkerSession, chosen: str, sharded: Any) -> Any:
     info = check_loadable(manifest, chosen)
     dcp_adapter.load(chosen, sharded)
     session.watchdog.heartbeat()
-    if session.ctx.rank == 0 and info["world_size"] != session.ctx.world_size:
-        session.record("resharded", f"sharded state of {info['world_size']} ranks loaded into "
-                       f"{session.ctx.world_size} by torch.distributed.checkpoint", path=chosen,
-                       step=manifest.step, saved_world_size=info["world_size"])
-    return _restore(session, chosen, chosen, plain_optional=True)
+    saved = int(info["world_size"])
+    note = "" if saved == session.ctx.world_size else (
+        f"; sharded state of {saved} ranks resharded to {session.ctx.world_size} by DCP")
+    return _restore(session, chosen, chosen, plain_optional=True, note=note,
+                    saved_world_size=saved)
 
 
-def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional: bool = False) -> Any:
+def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional: bool = False,
+             note: str = "", **extra: Any) -> Any:
     """Read this rank's state from ``local`` (a verified checkpoint, maybe a download).
 
     ``plain_optional``: the sharded part was loaded; a checkpoint without plain state
-    returns ``{}`` instead of raising."""
+    returns ``{}`` instead of raising. ``note`` and ``extra`` go into the ``restored`` event."""
     from rayguard import checkpoint as ck
 
     ctx = session.ctx
@@ -381,6 +382,6 @@ def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional:
         step = manifest.step
     session.last_step = step if isinstance(step, int) else session.last_step
     if ctx.rank == 0:
-        session.record("restored", f"restored {os.path.basename(chosen)} (step {step})",
-                       step=step if isinstance(step, int) else None, path=chosen)
+        session.record("restored", f"restored {os.path.basename(chosen)} (step {step}){note}",
+                       step=step if isinstance(step, int) else None, path=chosen, **extra)
     return state

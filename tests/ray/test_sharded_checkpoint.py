@@ -121,8 +121,8 @@ def test_reshard_on_restart_at_another_size(saved_at_2, tmp_path, workers):
     after_load = str(tmp_path / "after_load.pt")
     _, events, _ = _fit(tmp_path, "reshard", workers=workers, steps=6, after_load=after_load)
     assert _equal(torch.load(after_load, weights_only=True), at3)
-    resharded = [e for e in events if e["kind"] == "resharded"]
-    assert resharded and resharded[0]["saved_world_size"] == 2
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert restored[-1]["saved_world_size"] == 2 and "resharded to" in restored[-1]["detail"]
     committed = [e["step"] for e in events if e["kind"] == "checkpoint_committed"]
     assert committed[-2:] == [4, 5]  # training continued at the new size
 
