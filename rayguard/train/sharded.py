@@ -95,9 +95,14 @@ def save(checkpoint_dir: str, sharded: dict[str, Any]) -> list[dict[str, Any]]:
     """Write ``sharded`` with DCP into ``checkpoint_dir/dcp`` (collective); returns the
     meshes it found. DCP fsyncs every file it writes."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     state_dict = state_dict_for(sharded)
-    dcp.save(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR))
+    try:
+        dcp.save(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR))
+    except CheckpointException as exc:  # a BaseException: make it one the protocol handles
+        raise CheckpointError(f"torch.distributed.checkpoint could not save {sorted(sharded)}: "
+                              f"{exc}") from exc
     return describe_meshes(state_dict)
 
 
@@ -106,6 +111,7 @@ def load(checkpoint_dir: str, sharded: dict[str, Any]) -> None:
     resharded by DCP to this world size and mesh. The files must have been verified."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,
         set_optimizer_state_dict,
@@ -114,7 +120,7 @@ def load(checkpoint_dir: str, sharded: dict[str, Any]) -> None:
     state_dict = state_dict_for(sharded)
     try:
         dcp.load(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR))
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
         raise CheckpointError(
             f"{checkpoint_dir}: torch.distributed.checkpoint could not load the sharded part "
             f"into {sorted(sharded)} ({type(exc).__name__}: {exc}). Fix: pass the same keys, "
