@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from rayguard.checkpoint.hashing import hash_files
 from rayguard.checkpoint.manifest import FileRecord, Manifest
+from rayguard.checkpoint.verify import VerifyReport, verify
 from rayguard.exceptions import CheckpointError
 
 DCP_DIR = "dcp"
@@ -59,13 +61,21 @@ def unclaimed(names: Iterable[str], world_size: int) -> list[str]:
 
 
 def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
-                     threads: int | None = None) -> tuple[FileRecord, ...]:
+                     threads: int | None = None, fsync: bool = True) -> tuple[FileRecord, ...]:
     """Hash the DCP files ``rank`` wrote under ``checkpoint_dir/dcp`` (after ``dcp.save``
-    returned on this rank); the records go into the manifest like a shard's."""
+    returned on this rank); the records go into the manifest like a shard's.
+
+    ``fsync``: also make them durable (and the directory), in a thread beside the hashing,
+    so the disk's write-back overlaps the sha256 instead of preceding it (the adapter runs
+    DCP with ``sync_files=False`` for that reason)."""
     directory = Path(checkpoint_dir) / DCP_DIR
     names = files_of_rank(os.listdir(directory), rank)
     paths = [directory / n for n in names]
-    results = hash_files(paths, threads=threads) if paths else []
+    with ThreadPoolExecutor(1, thread_name_prefix="rg-dcp-fsync") as pool:
+        synced = pool.submit(_fsync_all, [*paths, directory]) if fsync else None
+        results = hash_files(paths, threads=threads) if paths else []
+        if synced is not None:
+            synced.result()
     records = []
     for name, path, result in zip(names, paths, results, strict=True):
         if isinstance(result, BaseException):
@@ -73,6 +83,15 @@ def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
         records.append(FileRecord(f"{DCP_DIR}/{name}", rank, path.stat().st_size, result[0],
                                   result[1]))
     return tuple(records)
+
+
+def _fsync_all(paths: Sequence[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def check_complete(records: Sequence[FileRecord], listing: Iterable[str], world_size: int) -> None:
@@ -130,6 +149,33 @@ def check_loadable(manifest: Manifest, where: str) -> dict[str, Any]:
         raise CheckpointError(f"{where}: its manifest lists no {DCP_DIR}/{DCP_METADATA}; refusing "
                               "to let DCP read files that were not verified")
     return info
+
+
+def plan_verification(manifest: Manifest, world_size: int) -> list[list[str]]:
+    """Which files each of ``world_size`` loading ranks hashes, so that together they hash
+    every file once. At the saved world size each rank hashes what its own rank saved (the
+    files it mostly reads, so they are in its page cache when DCP reads them); at another
+    size the files go largest first to the least loaded rank."""
+    plan: list[list[str]] = [[] for _ in range(world_size)]
+    if manifest.world_size == world_size:
+        for f in manifest.files:
+            plan[f.rank].append(f.path)
+        return plan
+    load = [0] * world_size
+    for f in sorted(manifest.files, key=lambda f: (-f.size_bytes, f.path)):
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        plan[r].append(f.path)
+        load[r] += f.size_bytes
+    return plan
+
+
+def verify_share(checkpoint_dir: str | os.PathLike[str], rank: int, world_size: int, *,
+                 threads: int | None = None) -> VerifyReport:
+    """Rank ``rank``'s share of verifying a checkpoint (:func:`plan_verification`): every
+    file's presence and size, and the sha256 of this rank's files. The checkpoint is whole
+    when every rank's report is ok."""
+    return verify(checkpoint_dir, threads=threads,
+                  only=lambda m: plan_verification(m, world_size)[rank])
 
 
 def find_distributed_tensors(state: Any, where: str = "state", limit: int = 5) -> list[str]:

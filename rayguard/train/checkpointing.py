@@ -81,30 +81,22 @@ def _write_remote(session: WorkerSession, payload: Any, final: str) -> Any:
         shutil.rmtree(local, ignore_errors=True)
 
 
-def _describe(final: str, records: list[Any], world_size: int, meshes: list[dict[str, Any]],
-              keys: list[str]) -> dict[str, Any]:
-    """Rank 0, before the commit: check the records cover DCP's directory; describe it."""
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint import sharded as sh
-
-    dcp_records = [f for r in records for f in r.files if f.path.startswith(f"{sh.DCP_DIR}/")]
-    listing = os.listdir(ck.staging_dir_for(final) / sh.DCP_DIR)
-    sh.check_complete(dcp_records, listing, world_size)
-    return sh.describe_sharded(world_size, meshes, keys)
-
-
 def _commit(session: WorkerSession, final: str, records: list[Any], step: int,
-            sharded_meta: dict[str, Any] | None = None) -> Any:
+            described: tuple[list[dict[str, Any]], list[str]] | None = None) -> Any:
+    """Rank 0 publishes; ``described``: (meshes, keys) of a sharded save."""
     from ray.train import Checkpoint
 
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.remote import commit_remote, is_local
-    from rayguard.checkpoint.sharded import SHARDED_KEY
 
     ctx = session.ctx
     meta: dict[str, Any] = {"attempt": ctx.attempt}
-    if sharded_meta is not None:
-        meta[SHARDED_KEY] = sharded_meta
+    if described is not None:
+        from rayguard.train.sharded import commit_sharded
+
+        published = commit_sharded(final, records, world_size=ctx.world_size, step=step,
+                                   meshes=described[0], keys=described[1], metadata=meta)
+        return Checkpoint.from_directory(str(published))
     if is_local(session.fs):
         path = str(ck.commit(ck.staging_dir_for(final), final, records,
                              world_size=ctx.world_size, step=step, metadata=meta))
@@ -171,20 +163,15 @@ def _agree(intents: list[_Intent]) -> None:
 def _write_sharded(session: WorkerSession, payload: Any, final: str, sharded: Any) -> Any:
     """DCP into staging (collective), then this rank's plain shard; one record of both."""
     from rayguard import checkpoint as ck
-    from rayguard.checkpoint.manifest import ShardRecord
     from rayguard.checkpoint.remote import is_local
-    from rayguard.checkpoint.sharded import record_dcp_files
-    from rayguard.train import sharded as dcp_adapter
+    from rayguard.train.sharded import write_rank
 
     if not is_local(session.fs):
         raise CheckpointError("sharded= needs a local or shared run directory (RunConfig("
                               "storage_path=<a path every node mounts>)); remote filesystems "
                               "are not supported for the sharded part yet")
-    staging = str(ck.staging_dir_for(final))
-    meshes = dcp_adapter.save(staging, sharded)
+    record, meshes = write_rank(str(ck.staging_dir_for(final)), session.ctx.rank, sharded, payload)
     session.watchdog.heartbeat()
-    plain = ck.write_shard(staging, session.ctx.rank, payload)
-    record = ShardRecord(session.ctx.rank, plain.files + record_dcp_files(staging, session.ctx.rank))
     return record, meshes, sorted(sharded)
 
 
@@ -226,8 +213,7 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any
             + "; ".join(str(f) for f in failures))
     if ctx.rank != 0:
         return None
-    sharded_meta = None if described is None else _describe(final, records, ctx.world_size, *described)
-    checkpoint = _commit(session, final, records, step, sharded_meta)
+    checkpoint = _commit(session, final, records, step, described)
     total = sum(f.size_bytes for r in records for f in r.files)
     session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
                    f"{len(records)} shard(s))", step=step, path=final, bytes=total)
@@ -291,6 +277,40 @@ def _choose_remote(session: WorkerSession) -> str | None:
     return None
 
 
+def _choose_sharded(session: WorkerSession) -> str | None:
+    """Every rank: the newest checkpoint that verifies, each rank hashing its share of each
+    candidate (:func:`~rayguard.checkpoint.sharded.plan_verification`), so that DCP, which
+    may read any file when it reshards, reads only verified files. Rank 0 records rejections."""
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.fallback import Rejection, list_candidates, order_candidates
+    from rayguard.checkpoint.remote import is_local
+    from rayguard.checkpoint.sharded import verify_share
+
+    ctx = session.ctx
+    if not is_local(session.fs):
+        raise CheckpointError("load_state(sharded=...) needs a local or shared run directory")
+    tag = f"load{session.load_count}"
+    candidates = None
+    if ctx.rank == 0:
+        ck.cleanup_staging(ctx.run_dir)
+        skip = {os.path.realpath(p) for p in _rejected(session)}
+        candidates = [str(c.path) for c in order_candidates(list_candidates(ctx.run_dir))
+                      if os.path.realpath(c.path) not in skip]
+    candidates = session.gather(f"{tag}:candidates", candidates)[0]
+    for i, cand in enumerate(candidates):
+        report = verify_share(cand, ctx.rank, ctx.world_size)
+        shares = session.gather(f"{tag}:verify{i}", report.problems)
+        problems = tuple(dict.fromkeys(p for share in shares for p in share))
+        if not problems:
+            return str(cand)
+        if ctx.rank == 0:
+            rejection = Rejection(cand, problems)
+            logger.warning("rayguard: skipping checkpoint %s; trying an older one",
+                           rejection.describe())
+            _reject(session, cand, rejection.describe(), persist=True)
+    return None
+
+
 def _choose_checkpoint(session: WorkerSession) -> str | None:
     """Rank 0: newest checkpoint that verifies; rejections are logged and remembered."""
     from rayguard.checkpoint.remote import is_local
@@ -309,10 +329,11 @@ def load_state(session: WorkerSession, sharded: Any = None) -> Any:
         from rayguard.train.sharded import check_sharded_arg
 
         problem = check_sharded_arg(sharded)
-    chosen = _choose_checkpoint(session) if ctx.rank == 0 and problem is None else None
+    chosen = (_choose_checkpoint(session) if ctx.rank == 0 and problem is None and sharded is None
+              else None)
     answers = session.gather(f"load{session.load_count}", (chosen, sharded is not None, problem))
     _agree([_Intent(False, 0, has, p) for _, has, p in answers])
-    chosen = answers[0][0]
+    chosen = answers[0][0] if sharded is None else _choose_sharded(session)
     session.watchdog.heartbeat()
     if chosen is None:
         return None
@@ -331,12 +352,9 @@ def _restore_sharded(session: WorkerSession, chosen: str, sharded: Any) -> Any:
     """DCP loads the sharded part (verified in full by rank 0) into ``sharded`` in place,
     resharded to this world size; then the plain part as :func:`_restore` reads it."""
     from rayguard import checkpoint as ck
-    from rayguard.checkpoint.remote import is_local
     from rayguard.checkpoint.sharded import check_loadable
     from rayguard.train import sharded as dcp_adapter
 
-    if not is_local(session.fs):
-        raise CheckpointError("load_state(sharded=...) needs a local or shared run directory")
     manifest = ck.read_manifest(Path(chosen))
     info = check_loadable(manifest, chosen)
     dcp_adapter.load(chosen, sharded)

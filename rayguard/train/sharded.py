@@ -18,10 +18,15 @@ default process group). Integrity, the manifest and the commit are rayguard's
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayguard.checkpoint.sharded import DCP_DIR
 from rayguard.exceptions import CheckpointError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from rayguard.checkpoint.manifest import ShardRecord
 
 
 def check_sharded_arg(sharded: Any) -> str | None:
@@ -93,13 +98,15 @@ def describe_meshes(state_dict: Any) -> list[dict[str, Any]]:
 
 def save(checkpoint_dir: str, sharded: dict[str, Any]) -> list[dict[str, Any]]:
     """Write ``sharded`` with DCP into ``checkpoint_dir/dcp`` (collective); returns the
-    meshes it found. DCP fsyncs every file it writes."""
+    meshes it found. Not yet durable: :func:`write_rank` fsyncs while it hashes."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     state_dict = state_dict_for(sharded)
+    path = os.path.join(checkpoint_dir, DCP_DIR)
     try:
-        dcp.save(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR))
+        # the files are fsynced by record_dcp_files, overlapped with their hashing
+        dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(path, sync_files=False))
     except CheckpointException as exc:  # a BaseException: make it one the protocol handles
         raise CheckpointError(f"torch.distributed.checkpoint could not save {sorted(sharded)}: "
                               f"{exc}") from exc
@@ -131,3 +138,36 @@ def load(checkpoint_dir: str, sharded: dict[str, Any]) -> None:
             set_model_state_dict(value, state_dict[key])
         elif isinstance(value, torch.optim.Optimizer):
             set_optimizer_state_dict(model, value, state_dict[key])
+
+
+def write_rank(staging: str, rank: int, sharded: dict[str, Any],
+               payload: Any) -> tuple[ShardRecord, list[dict[str, Any]]]:
+    """One rank's part of a sharded save into ``staging`` (every rank together): DCP
+    (collective), this rank's plain shard, and the record of both with every DCP file this
+    rank wrote hashed. Returns the record and the meshes found."""
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.sharded import record_dcp_files
+
+    meshes = save(staging, sharded)
+    plain = ck.write_shard(staging, rank, payload)
+    return ck.ShardRecord(rank, plain.files + record_dcp_files(staging, rank)), meshes
+
+
+def commit_sharded(final: str, records: list[ShardRecord], *, world_size: int, step: int,
+                   meshes: list[dict[str, Any]], keys: list[str],
+                   metadata: dict[str, Any] | None = None) -> Path:
+    """The committer's step (rank 0): check that the records cover DCP's directory exactly,
+    describe the sharded part in the manifest, write it last and publish atomically."""
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint import sharded as sh
+
+    staging = ck.staging_dir_for(final)
+    dcp_records = [f for r in records for f in r.files if f.path.startswith(f"{DCP_DIR}/")]
+    try:
+        sh.check_complete(dcp_records, os.listdir(staging / DCP_DIR), world_size)
+    except BaseException:
+        ck.discard_staging(staging)
+        raise
+    meta = dict(metadata or {})
+    meta[sh.SHARDED_KEY] = sh.describe_sharded(world_size, meshes, keys)
+    return ck.commit(staging, final, records, world_size=world_size, step=step, metadata=meta)

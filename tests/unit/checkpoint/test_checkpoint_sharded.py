@@ -186,3 +186,28 @@ def test_adapter_roundtrip_in_place(group, tmp_path):
     assert all(torch.equal(saved_opt[k], loaded_opt[k]) for k in saved_opt)
     with pytest.raises(CheckpointError, match="could not load the sharded part"):
         adapter.load(str(tmp_path), {"other": {"w": torch.zeros(3)}})
+
+
+def test_write_rank_and_commit_sharded(group, tmp_path):
+    from rayguard.train import sharded as adapter
+
+    model = _fsdp_model()
+    final = str(tmp_path / "checkpoint_000000004_a0")
+    staging = str(ck.staging_dir_for(final))
+    record, meshes = adapter.write_rank(staging, 0, {"model": model}, {"step": 4})
+    assert {f.path for f in record.files} == {
+        "shard-rank00000.safetensors", "dcp/.metadata", "dcp/__0_0.distcp"}
+    path = adapter.commit_sharded(final, [record], world_size=1, step=4, meshes=meshes,
+                                  keys=["model"], metadata={"attempt": 0})
+    manifest = ck.read_manifest(path)
+    info = sh.check_loadable(manifest, final)
+    assert info["world_size"] == 1 and info["keys"] == ["model"] and info["meshes"] == meshes
+    assert manifest.metadata["attempt"] == 0 and ck.verify(path).ok
+    # a file nobody hashed: the commit refuses and leaves no staging directory behind
+    final2 = str(tmp_path / "checkpoint_000000005_a0")
+    staging2 = ck.staging_dir_for(final2)
+    record2, _ = adapter.write_rank(str(staging2), 0, {"model": model}, {"step": 5})
+    (staging2 / "dcp" / "__0_1.distcp").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"written but not hashed \['__0_1.distcp'\]"):
+        adapter.commit_sharded(final2, [record2], world_size=1, step=5, meshes=[], keys=["model"])
+    assert not staging2.exists() and not Path(final2).exists()
