@@ -211,3 +211,34 @@ def test_write_rank_and_commit_sharded(group, tmp_path):
     with pytest.raises(CheckpointError, match=r"written but not hashed \['__0_1.distcp'\]"):
         adapter.commit_sharded(final2, [record2], world_size=1, step=5, meshes=[], keys=["model"])
     assert not staging2.exists() and not Path(final2).exists()
+
+
+def _manifest(world_size: int, sizes: dict[str, tuple[int, int]]) -> Manifest:
+    files = tuple(FileRecord(p, rank, size, "d") for p, (rank, size) in sizes.items())
+    return Manifest(world_size=world_size, step=0, files=files)
+
+
+def test_plan_verification_splits_every_file_once():
+    m = _manifest(2, {"shard-rank00000.safetensors": (0, 10), "shard-rank00001.safetensors": (1, 10),
+                      "dcp/.metadata": (0, 5), "dcp/__0_0.distcp": (0, 100), "dcp/__1_0.distcp": (1, 90)})
+    same = sh.plan_verification(m, 2)
+    assert same == [["shard-rank00000.safetensors", "dcp/.metadata", "dcp/__0_0.distcp"],
+                    ["shard-rank00001.safetensors", "dcp/__1_0.distcp"]]
+    for world in (1, 3, 5):
+        plan = sh.plan_verification(m, world)
+        assert len(plan) == world
+        flat = [p for share in plan for p in share]
+        assert sorted(flat) == sorted(f.path for f in m.files)  # each file exactly once
+    three = sh.plan_verification(m, 3)
+    assert three[0] == ["dcp/__0_0.distcp"] and three[1] == ["dcp/__1_0.distcp"]
+
+
+def test_verify_share_hashes_only_its_files(tmp_path):
+    path = _dcp_checkpoint(tmp_path, 1, 1.0)
+    _flip(path / "dcp" / "__0_0.distcp")
+    shares = [sh.verify_share(path, r, 3) for r in range(3)]
+    assert sum(s.files_hashed for s in shares) == 3
+    bad = [s for s in shares if not s.ok]
+    assert len(bad) == 1 and bad[0].problems[0].file == "dcp/__0_0.distcp"
+    (path / "dcp" / ".metadata").unlink()  # a missing file: every share sees it
+    assert all(not sh.verify_share(path, r, 3).ok for r in range(3))
