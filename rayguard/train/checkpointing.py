@@ -131,6 +131,8 @@ class _Intent(NamedTuple):
     step: int
     sharded: bool
     problem: str | None
+    facts: Any = None
+    """The model preflight's facts, at the first report only."""
 
 
 def _problem(session: WorkerSession, state: Any, sharded: Any) -> str | None:
@@ -183,9 +185,20 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any
 
     ctx = session.ctx
     tag = f"report{session.report_count}"
-    intent = _Intent(state is not None, step, sharded is not None, _problem(session, state, sharded))
+    first = session.report_count == 1
+    facts = None
+    if first:
+        from rayguard.train.model_preflight import collect
+
+        facts = collect(state, sharded)
+    intent = _Intent(state is not None, step, sharded is not None,
+                     _problem(session, state, sharded), facts)
     intents = [_Intent(*i) for i in session.gather(f"{tag}:intent", tuple(intent))]
     _agree(intents)
+    if first and ctx.rank == 0:
+        from rayguard.train.model_preflight import log_findings
+
+        log_findings([i.facts for i in intents])
     if not any(i.has_state or i.sharded for i in intents):
         return None
     step = intents[0].step
