@@ -369,7 +369,10 @@ def _restore_sharded(session: WorkerSession, chosen: str, sharded: Any) -> Any:
     from rayguard.train import sharded as dcp_adapter
 
     manifest = ck.read_manifest(Path(chosen))
-    info = check_loadable(manifest, chosen)
+    try:
+        info = check_loadable(manifest, chosen)
+    except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
+        raise ShardedStateError(f"rank {session.ctx.rank}: {exc}") from None
     dcp_adapter.load(chosen, sharded)
     session.watchdog.heartbeat()
     saved = int(info["world_size"])

@@ -242,3 +242,19 @@ def test_verify_share_hashes_only_its_files(tmp_path):
     assert len(bad) == 1 and bad[0].problems[0].file == "dcp/__0_0.distcp"
     (path / "dcp" / ".metadata").unlink()  # a missing file: every share sees it
     assert all(not sh.verify_share(path, r, 3).ok for r in range(3))
+
+
+def test_misuse_is_agreed_on_every_rank_and_fatal():
+    import pickle
+
+    from rayguard.health.failure_policy import is_fatal
+    from rayguard.train.checkpointing import ShardedStateError, _agree, _Intent
+
+    _agree([_Intent(True, 1, True, None), _Intent(False, 1, True, None)])
+    _agree([_Intent(True, 1, False, None), _Intent(False, 1, False, None)])
+    with pytest.raises(ShardedStateError, match=r"ranks \[1\] did not pass sharded= while ranks \[0\]"):
+        _agree([_Intent(True, 1, True, None), _Intent(False, 1, False, None)])
+    with pytest.raises(ShardedStateError, match="rank 1: bad"):
+        _agree([_Intent(True, 1, True, None), _Intent(False, 1, True, "rank 1: bad")])
+    err = pickle.loads(pickle.dumps(ShardedStateError("rank 0: x")))
+    assert isinstance(err, CheckpointError) and is_fatal(err) and str(err) == "rank 0: x"
