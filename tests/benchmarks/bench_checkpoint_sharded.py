@@ -77,6 +77,12 @@ def _rayguard_load(root: Path, rep: int, rank: int, sharded: dict) -> None:
     ck.read_shard(final, rank)
 
 
+def _verify_only(root: Path, rep: int, rank: int) -> None:
+    from rayguard.checkpoint.sharded import verify_share
+
+    verify_share(root / f"checkpoint_{rep:09d}_a0", rank, WORLD)
+
+
 def _worker(rank: int, size_mib: int, reps: int, work: str, port: int, out: str) -> None:
     import torch.distributed.checkpoint as dcp
 
@@ -93,6 +99,7 @@ def _worker(rank: int, size_mib: int, reps: int, work: str, port: int, out: str)
             "rayguard.save": partial(_rayguard_save, root, rep, rank, sharded),
             "dcp.load": partial(dcp.load, sharded, checkpoint_id=plain),
             "rayguard.load+verify": partial(_rayguard_load, root, rep, rank, sharded),
+            "rayguard.verify only": partial(_verify_only, root, rep, rank),
         }
         for name, fn in ops.items():
             times.setdefault(name, []).append(_timed(fn))
