@@ -21,7 +21,9 @@ AdamW-like moments, --size-mib in all); interleaved per repetition:
                         plain shard with RNG, every DCP file hashed, manifest, atomic rename
   dcp.load              torch.distributed.checkpoint.load, in place          (page cache warm)
   rayguard.load+verify  every rank hashes its share of the checkpoint's files (as
-                        load_state(sharded=...) does), then DCP loads it; plain shards read                      (page cache warm)
+                        load_state(sharded=...) does), then DCP loads it; plain shards read
+                                                                             (page cache warm)
+  rayguard.verify only  the hashing share alone (what load+verify adds to dcp.load)
 and prints rank 0's medians and the ratios (target <= 1.15x DCP for both).
 """
 
