@@ -14,6 +14,8 @@ import rayguard
 from rayguard.events import read as read_events
 from rayguard.testing.recorder import make_trainer
 
+pytestmark = pytest.mark.timeout(900)  # several runs of process start-up on a loaded 2-core machine
+
 
 def _full(model):
     """The whole model on every rank (a collective), as plain CPU tensors."""
