@@ -162,21 +162,6 @@ def _agree(intents: list[_Intent]) -> None:
             "call report(..., sharded=...) with the same keys on every rank.")
 
 
-def _write_sharded(session: WorkerSession, payload: Any, final: str, sharded: Any) -> Any:
-    """DCP into staging (collective), then this rank's plain shard; one record of both."""
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint.remote import is_local
-    from rayguard.train.sharded import write_rank
-
-    if not is_local(session.fs):
-        raise CheckpointError("sharded= needs a local or shared run directory (RunConfig("
-                              "storage_path=<a path every node mounts>)); remote filesystems "
-                              "are not supported for the sharded part yet")
-    record, meshes = write_rank(str(ck.staging_dir_for(final)), session.ctx.rank, sharded, payload)
-    session.watchdog.heartbeat()
-    return record, meshes, sorted(sharded)
-
-
 def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any = None) -> Any:
     """Run the commit protocol if any rank passed a state; returns the Ray ``Checkpoint``
     for rank 0 (``None`` on other ranks or when nothing was saved)."""
@@ -209,7 +194,9 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any
     described: Any = None
     try:
         if intents[0].sharded:
-            record, meshes, keys = _write_sharded(session, payload, final, sharded)
+            from rayguard.train.sharded import write_for_session
+
+            record, meshes, keys = write_for_session(session, payload, final, sharded)
             described = (meshes, keys)
         else:
             write = _write_local if is_local(session.fs) else _write_remote
@@ -290,40 +277,6 @@ def _choose_remote(session: WorkerSession) -> str | None:
     return None
 
 
-def _choose_sharded(session: WorkerSession) -> str | None:
-    """Every rank: the newest checkpoint that verifies, each rank hashing its share of each
-    candidate (:func:`~rayguard.checkpoint.sharded.plan_verification`), so that DCP, which
-    may read any file when it reshards, reads only verified files. Rank 0 records rejections."""
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint.fallback import Rejection, list_candidates, order_candidates
-    from rayguard.checkpoint.remote import is_local
-    from rayguard.checkpoint.sharded import verify_share
-
-    ctx = session.ctx
-    if not is_local(session.fs):
-        raise CheckpointError("load_state(sharded=...) needs a local or shared run directory")
-    tag = f"load{session.load_count}"
-    candidates = None
-    if ctx.rank == 0:
-        ck.cleanup_staging(ctx.run_dir)
-        skip = {os.path.realpath(p) for p in _rejected(session)}
-        candidates = [str(c.path) for c in order_candidates(list_candidates(ctx.run_dir))
-                      if os.path.realpath(c.path) not in skip]
-    candidates = session.gather(f"{tag}:candidates", candidates)[0]
-    for i, cand in enumerate(candidates):
-        report = verify_share(cand, ctx.rank, ctx.world_size)
-        shares = session.gather(f"{tag}:verify{i}", report.problems)
-        problems = tuple(dict.fromkeys(p for share in shares for p in share))
-        if not problems:
-            return str(cand)
-        if ctx.rank == 0:
-            rejection = Rejection(cand, problems)
-            logger.warning("rayguard: skipping checkpoint %s; trying an older one",
-                           rejection.describe())
-            _reject(session, cand, rejection.describe(), persist=True)
-    return None
-
-
 def _choose_checkpoint(session: WorkerSession) -> str | None:
     """Rank 0: newest checkpoint that verifies; rejections are logged and remembered."""
     from rayguard.checkpoint.remote import is_local
@@ -346,12 +299,19 @@ def load_state(session: WorkerSession, sharded: Any = None) -> Any:
               else None)
     answers = session.gather(f"load{session.load_count}", (chosen, sharded is not None, problem))
     _agree([_Intent(False, 0, has, p) for _, has, p in answers])
-    chosen = answers[0][0] if sharded is None else _choose_sharded(session)
+    if sharded is None:
+        chosen = answers[0][0]
+    else:
+        from rayguard.train.sharded import choose
+
+        chosen = choose(session)
     session.watchdog.heartbeat()
     if chosen is None:
         return None
     if sharded is not None:
-        return _restore_sharded(session, chosen, sharded)
+        from rayguard.train.sharded import restore
+
+        return restore(session, chosen, sharded)
     if is_local(session.fs):
         return _restore(session, chosen, chosen)
     local = download(chosen, session.fs)
@@ -361,25 +321,14 @@ def load_state(session: WorkerSession, sharded: Any = None) -> Any:
         shutil.rmtree(local, ignore_errors=True)
 
 
-def _restore_sharded(session: WorkerSession, chosen: str, sharded: Any) -> Any:
-    """DCP loads the sharded part (verified in full by rank 0) into ``sharded`` in place,
-    resharded to this world size; then the plain part as :func:`_restore` reads it."""
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint.sharded import check_loadable
-    from rayguard.train import sharded as dcp_adapter
+def _warn_unloaded_sharded(manifest: Any, chosen: str) -> None:
+    from rayguard.checkpoint.sharded import sharded_info
 
-    manifest = ck.read_manifest(Path(chosen))
-    try:
-        info = check_loadable(manifest, chosen)
-    except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
-        raise ShardedStateError(f"rank {session.ctx.rank}: {exc}") from None
-    dcp_adapter.load(chosen, sharded)
-    session.watchdog.heartbeat()
-    saved = int(info["world_size"])
-    note = "" if saved == session.ctx.world_size else (
-        f"; sharded state of {saved} ranks resharded to {session.ctx.world_size} by DCP")
-    return _restore(session, chosen, chosen, plain_optional=True, note=note,
-                    saved_world_size=saved)
+    info = sharded_info(manifest)
+    if info is not None:
+        logger.warning("rayguard: %s also holds sharded state %s that load_state() without "
+                       "sharded= does not load. Fix: load_state(sharded={...}) with the objects "
+                       "passed to report(sharded=...)", chosen, info.get("keys"))
 
 
 def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional: bool = False,
@@ -392,6 +341,8 @@ def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional:
 
     ctx = session.ctx
     manifest = ck.read_manifest(Path(local))
+    if not plain_optional and ctx.rank == 0:
+        _warn_unloaded_sharded(manifest, chosen)
     # Same world size: a rank's own shard. After a resize, rank-local state follows the
     # worker (the rank its slot held before); replicated state comes from rank 0 below.
     source = ctx.rank if manifest.world_size == ctx.world_size else ctx.previous_rank

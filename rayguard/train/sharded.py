@@ -18,15 +18,15 @@ default process group). Integrity, the manifest and the commit are rayguard's
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayguard.checkpoint.sharded import DCP_DIR
 from rayguard.exceptions import CheckpointError
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from rayguard.checkpoint.manifest import ShardRecord
+    from rayguard.train.session import WorkerSession
 
 
 def check_sharded_arg(sharded: Any) -> str | None:
@@ -171,3 +171,76 @@ def commit_sharded(final: str, records: list[ShardRecord], *, world_size: int, s
     meta = dict(metadata or {})
     meta[sh.SHARDED_KEY] = sh.describe_sharded(world_size, meshes, keys)
     return ck.commit(staging, final, records, world_size=world_size, step=step, metadata=meta)
+
+
+# -- the session side of report(sharded=...) / load_state(sharded=...) ---------------------
+
+def write_for_session(session: WorkerSession, payload: Any, final: str, sharded: Any) -> Any:
+    """``report(sharded=...)``'s write step: DCP into staging (collective), then this rank's
+    plain shard; returns the record of both, the meshes and the keys."""
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import is_local
+
+    if not is_local(session.fs):
+        raise CheckpointError("sharded= needs a local or shared run directory (RunConfig("
+                              "storage_path=<a path every node mounts>)); remote filesystems "
+                              "are not supported for the sharded part yet")
+    record, meshes = write_rank(str(ck.staging_dir_for(final)), session.ctx.rank, sharded, payload)
+    session.watchdog.heartbeat()
+    return record, meshes, sorted(sharded)
+
+
+def choose(session: WorkerSession) -> str | None:
+    """Every rank: the newest checkpoint that verifies, each rank hashing its share of each
+    candidate (:func:`~rayguard.checkpoint.sharded.plan_verification`), so that DCP, which
+    may read any file when it reshards, reads only verified files. Rank 0 records rejections."""
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.fallback import Rejection, list_candidates, order_candidates
+    from rayguard.checkpoint.remote import is_local
+    from rayguard.checkpoint.sharded import verify_share
+    from rayguard.train.checkpointing import _reject, _rejected, logger
+
+    ctx = session.ctx
+    if not is_local(session.fs):
+        raise CheckpointError("load_state(sharded=...) needs a local or shared run directory")
+    tag = f"load{session.load_count}"
+    candidates = None
+    if ctx.rank == 0:
+        ck.cleanup_staging(ctx.run_dir)
+        skip = {os.path.realpath(p) for p in _rejected(session)}
+        candidates = [str(c.path) for c in order_candidates(list_candidates(ctx.run_dir))
+                      if os.path.realpath(c.path) not in skip]
+    candidates = session.gather(f"{tag}:candidates", candidates)[0]
+    for i, cand in enumerate(candidates):
+        report = verify_share(cand, ctx.rank, ctx.world_size)
+        shares = session.gather(f"{tag}:verify{i}", report.problems)
+        problems = tuple(dict.fromkeys(p for share in shares for p in share))
+        if not problems:
+            return str(cand)
+        if ctx.rank == 0:
+            rejection = Rejection(cand, problems)
+            logger.warning("rayguard: skipping checkpoint %s; trying an older one",
+                           rejection.describe())
+            _reject(session, cand, rejection.describe(), persist=True)
+    return None
+
+
+def restore(session: WorkerSession, chosen: str, sharded: Any) -> Any:
+    """DCP loads the sharded part of ``chosen`` (verified by :func:`choose`) into ``sharded``
+    in place, resharded to this world size; then the plain part, as for ``state=``."""
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.sharded import check_loadable
+    from rayguard.train.checkpointing import ShardedStateError, _restore
+
+    manifest = ck.read_manifest(Path(chosen))
+    try:
+        info = check_loadable(manifest, chosen)
+    except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
+        raise ShardedStateError(f"rank {session.ctx.rank}: {exc}") from None
+    load(chosen, sharded)
+    session.watchdog.heartbeat()
+    saved = int(info["world_size"])
+    note = "" if saved == session.ctx.world_size else (
+        f"; sharded state of {saved} ranks resharded to {session.ctx.world_size} by DCP")
+    return _restore(session, chosen, chosen, plain_optional=True, note=note,
+                    saved_world_size=saved)
