@@ -94,9 +94,16 @@ def _commit(session: WorkerSession, final: str, records: list[Any], step: int,
     if described is not None:
         from rayguard.train.sharded import commit_sharded
 
-        published = commit_sharded(final, records, world_size=ctx.world_size, step=step,
-                                   meshes=described[0], keys=described[1], metadata=meta)
-        return Checkpoint.from_directory(str(published))
+        if is_local(session.fs):
+            published = commit_sharded(final, records, world_size=ctx.world_size, step=step,
+                                       meshes=described[0], keys=described[1], metadata=meta)
+            return Checkpoint.from_directory(str(published))
+        from rayguard.checkpoint import sharded as sh
+
+        dcp_records = [f for r in records for f in r.files if f.path.startswith(f"{sh.DCP_DIR}/")]
+        uploaded = [f.path.removeprefix(f"{sh.DCP_DIR}/") for f in dcp_records]
+        sh.check_complete(dcp_records, uploaded, ctx.world_size)  # .metadata there, owners right
+        meta[sh.SHARDED_KEY] = sh.describe_sharded(ctx.world_size, described[0], described[1])
     if is_local(session.fs):
         path = str(ck.commit(ck.staging_dir_for(final), final, records,
                              world_size=ctx.world_size, step=step, metadata=meta))
@@ -299,19 +306,16 @@ def load_state(session: WorkerSession, sharded: Any = None) -> Any:
               else None)
     answers = session.gather(f"load{session.load_count}", (chosen, sharded is not None, problem))
     _agree([_Intent(False, 0, has, p) for _, has, p in answers])
-    if sharded is None:
-        chosen = answers[0][0]
-    else:
-        from rayguard.train.sharded import choose
+    if sharded is not None:
+        from rayguard.train.sharded import choose, restore
 
-        chosen = choose(session)
+        verified = choose(session)
+        session.watchdog.heartbeat()
+        return None if verified is None else restore(session, verified, sharded)
+    chosen = answers[0][0]
     session.watchdog.heartbeat()
     if chosen is None:
         return None
-    if sharded is not None:
-        from rayguard.train.sharded import restore
-
-        return restore(session, chosen, sharded)
     if is_local(session.fs):
         return _restore(session, chosen, chosen)
     local = download(chosen, session.fs)

@@ -177,70 +177,113 @@ def commit_sharded(final: str, records: list[ShardRecord], *, world_size: int, s
 
 def write_for_session(session: WorkerSession, payload: Any, final: str, sharded: Any) -> Any:
     """``report(sharded=...)``'s write step: DCP into staging (collective), then this rank's
-    plain shard; returns the record of both, the meshes and the keys."""
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint.remote import is_local
+    plain shard; returns the record of both, the meshes and the keys.
 
-    if not is_local(session.fs):
-        raise CheckpointError("sharded= needs a local or shared run directory (RunConfig("
-                              "storage_path=<a path every node mounts>)); remote filesystems "
-                              "are not supported for the sharded part yet")
-    record, meshes = write_rank(str(ck.staging_dir_for(final)), session.ctx.rank, sharded, payload)
+    With a remote run filesystem each rank stages in a local temporary directory (DCP writes
+    this rank's files there, rank 0's also ``.metadata``), checks that it holds nothing
+    unhashed, and uploads; rank 0 then writes the manifest last (``commit_remote``)."""
+    import shutil
+    import tempfile
+
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.remote import is_local, upload_shard
+
+    rank = session.ctx.rank
+    if is_local(session.fs):
+        record, meshes = write_rank(str(ck.staging_dir_for(final)), rank, sharded, payload)
+    else:
+        local = tempfile.mkdtemp(prefix="rayguard-stage-")
+        try:
+            record, meshes = write_rank(local, rank, sharded, payload)
+            dcp_records = [f for f in record.files if f.path.startswith(f"{DCP_DIR}/")]
+            extra = sorted(set(os.listdir(os.path.join(local, DCP_DIR)))
+                           - {f.path.removeprefix(f"{DCP_DIR}/") for f in dcp_records})
+            if extra:
+                raise CheckpointError(f"rank {rank}: DCP wrote files no rank hashed {extra[:5]}")
+            upload_shard(local, final, record, session.fs)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
     session.watchdog.heartbeat()
     return record, meshes, sorted(sharded)
 
 
-def choose(session: WorkerSession) -> str | None:
-    """Every rank: the newest checkpoint that verifies, each rank hashing its share of each
-    candidate (:func:`~rayguard.checkpoint.sharded.plan_verification`), so that DCP, which
-    may read any file when it reshards, reads only verified files. Rank 0 records rejections."""
+def choose(session: WorkerSession) -> tuple[str, str] | None:
+    """Every rank: the newest checkpoint that verifies, as (its path, the local directory DCP
+    reads), so that DCP, which may read any file when it reshards, reads only verified files.
+    Rank 0 records rejections.
+
+    On a local or shared run directory each rank hashes its share of each candidate
+    (:func:`~rayguard.checkpoint.sharded.plan_verification`). On a remote filesystem each
+    rank downloads the candidate and verifies its own whole copy (the copy DCP will read);
+    the caller removes that copy."""
+    import shutil
+
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.fallback import Rejection, list_candidates, order_candidates
-    from rayguard.checkpoint.remote import is_local
+    from rayguard.checkpoint.remote import download, is_local, list_remote
     from rayguard.checkpoint.sharded import verify_share
+    from rayguard.exceptions import CheckpointCorruptError
     from rayguard.train.checkpointing import _reject, _rejected, logger
 
-    ctx = session.ctx
-    if not is_local(session.fs):
-        raise CheckpointError("load_state(sharded=...) needs a local or shared run directory")
+    ctx, local_fs = session.ctx, is_local(session.fs)
     tag = f"load{session.load_count}"
     candidates = None
     if ctx.rank == 0:
-        ck.cleanup_staging(ctx.run_dir)
-        skip = {os.path.realpath(p) for p in _rejected(session)}
-        candidates = [str(c.path) for c in order_candidates(list_candidates(ctx.run_dir))
-                      if os.path.realpath(c.path) not in skip]
+        skip = {os.path.realpath(p) if local_fs else p for p in _rejected(session)}
+        if local_fs:
+            ck.cleanup_staging(ctx.run_dir)
+            candidates = [str(c.path) for c in order_candidates(list_candidates(ctx.run_dir))
+                          if os.path.realpath(c.path) not in skip]
+        else:
+            candidates = [c.path for c in list_remote(ctx.run_dir, session.fs) if c.path not in skip]
     candidates = session.gather(f"{tag}:candidates", candidates)[0]
     for i, cand in enumerate(candidates):
-        report = verify_share(cand, ctx.rank, ctx.world_size)
-        shares = session.gather(f"{tag}:verify{i}", report.problems)
+        copy = cand
+        if local_fs:
+            problems_here = verify_share(cand, ctx.rank, ctx.world_size).problems
+        else:
+            try:
+                copy = download(cand, session.fs)
+                problems_here = ck.verify(copy).problems
+            except CheckpointCorruptError as exc:
+                copy, problems_here = "", (ck.Problem("rayguard_manifest.json", str(exc)),)
+        shares = session.gather(f"{tag}:verify{i}", problems_here)
         problems = tuple(dict.fromkeys(p for share in shares for p in share))
         if not problems:
-            return str(cand)
+            return str(cand), copy
+        if copy and copy != cand:
+            shutil.rmtree(copy, ignore_errors=True)
         if ctx.rank == 0:
             rejection = Rejection(cand, problems)
             logger.warning("rayguard: skipping checkpoint %s; trying an older one",
                            rejection.describe())
-            _reject(session, cand, rejection.describe(), persist=True)
+            _reject(session, cand, rejection.describe(), persist=local_fs)
     return None
 
 
-def restore(session: WorkerSession, chosen: str, sharded: Any) -> Any:
-    """DCP loads the sharded part of ``chosen`` (verified by :func:`choose`) into ``sharded``
+def restore(session: WorkerSession, chosen: tuple[str, str], sharded: Any) -> Any:
+    """DCP loads the sharded part of the checkpoint :func:`choose` verified into ``sharded``
     in place, resharded to this world size; then the plain part, as for ``state=``."""
+    import shutil
+
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.sharded import check_loadable
     from rayguard.train.checkpointing import ShardedStateError, _restore
 
-    manifest = ck.read_manifest(Path(chosen))
+    path, local = chosen
     try:
-        info = check_loadable(manifest, chosen)
-    except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
-        raise ShardedStateError(f"rank {session.ctx.rank}: {exc}") from None
-    load(chosen, sharded)
-    session.watchdog.heartbeat()
-    saved = int(info["world_size"])
-    note = "" if saved == session.ctx.world_size else (
-        f"; sharded state of {saved} ranks resharded to {session.ctx.world_size} by DCP")
-    return _restore(session, chosen, chosen, plain_optional=True, note=note,
-                    saved_world_size=saved)
+        manifest = ck.read_manifest(Path(local))
+        try:
+            info = check_loadable(manifest, path)
+        except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
+            raise ShardedStateError(f"rank {session.ctx.rank}: {exc}") from None
+        load(local, sharded)
+        session.watchdog.heartbeat()
+        saved = int(info["world_size"])
+        note = "" if saved == session.ctx.world_size else (
+            f"; sharded state of {saved} ranks resharded to {session.ctx.world_size} by DCP")
+        return _restore(session, path, local, plain_optional=True, note=note,
+                        saved_world_size=saved)
+    finally:
+        if local != path:
+            shutil.rmtree(local, ignore_errors=True)
