@@ -144,6 +144,10 @@ class _Encoder:
 def _unsupported_tensor(t: torch.Tensor) -> str:
     desc = f"tensor of dtype {t.dtype}, shape {tuple(t.shape)}, device {t.device}"
     if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        if type(t).__name__ == "DTensor":
+            return (f"{desc} is a DTensor, not a plain tensor. Fix: pass sharded models and "
+                    "optimizers as sharded={'model': model, 'optim': opt} (torch.distributed."
+                    "checkpoint, reshardable), or save t.full_tensor().")
         return f"{desc} is a {type(t).__name__}, not a plain tensor. Fix: save t.full_tensor() or t.to_local()."
     if t.layout != torch.strided:
         return f"{desc} has layout {t.layout}. Fix: save t.to_dense()."

@@ -68,6 +68,11 @@ class Manifest:
     def files_of(self, rank: int) -> tuple[FileRecord, ...]:
         return tuple(f for f in self.files if f.rank == rank)
 
+    def shard_files_of(self, rank: int) -> tuple[FileRecord, ...]:
+        """Rank ``rank``'s rayguard shard: its top-level files (the sharded part's DCP files
+        live in ``dcp/``, see :mod:`rayguard.checkpoint.sharded`)."""
+        return tuple(f for f in self.files_of(rank) if "/" not in f.path)
+
     def to_json(self) -> str:
         doc = {
             "format": MANIFEST_FORMAT,

@@ -30,9 +30,9 @@ SMALL_BUFFER_BYTES = 1024 * 1024
 
 def shard_rank_for(manifest: Manifest, rank: int, where: str = "checkpoint") -> int:
     """Which saved rank's shard ``rank`` loads: its own, else rank 0's (replicated state)."""
-    if manifest.files_of(rank):
+    if manifest.shard_files_of(rank):
         return rank
-    if manifest.files_of(0):
+    if manifest.shard_files_of(0):
         return 0
     raise CheckpointError(
         f"{where} has no shard for rank {rank} and none for rank 0 to fall back on (it holds "
@@ -60,7 +60,7 @@ def read_shard(
     source = shard_rank_for(manifest, rank, str(directory))
     if source != rank:
         logger.info("rank %d loads rank %d's (replicated) shard from %s", rank, source, directory)
-    files = manifest.files_of(source)
+    files = manifest.shard_files_of(source)
     if len(files) != 1:
         raise CheckpointCorruptError(f"{directory}: rank {source} has {len(files)} files; expected 1")
     path = resolve_inside(directory, files[0].path)

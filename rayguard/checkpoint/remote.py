@@ -51,6 +51,8 @@ def upload_shard(local_dir: str, remote_dir: str, record: ShardRecord, fs: pafs.
     fs.create_dir(remote_dir, recursive=True)
     for f in record.files:
         check_relative_path(f.path)
+        if "/" in f.path:  # e.g. the sharded part's dcp/ files
+            fs.create_dir(_join(remote_dir, f.path.rsplit("/", 1)[0]), recursive=True)
         try:
             pafs.copy_files(os.path.join(local_dir, f.path), _join(remote_dir, f.path),
                             source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

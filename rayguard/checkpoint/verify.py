@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -78,13 +78,15 @@ def verify(
     ranks: Iterable[int] | None = None,
     hashes: bool = True,
     threads: int | None = None,
+    only: Callable[[Manifest], Collection[str]] | None = None,
 ) -> VerifyReport:
     """Check a committed checkpoint; never raises for a bad checkpoint, reports instead.
 
     Checks that the manifest exists and parses, that every path stays inside ``directory``,
     that every file exists as a regular file of the recorded size, and (``hashes``) that its
     sha256 matches. ``ranks`` limits hashing to those ranks' files (sizes are still checked
-    for all), so a rank can verify just what it will load.
+    for all), so a rank can verify just what it will load; ``only`` (given the manifest,
+    the paths to hash) does the same by path, so ranks can split a checkpoint's hashing.
     """
     root = Path(directory)
     try:
@@ -94,9 +96,11 @@ def verify(
     problems: list[Problem] = []
     to_hash: list[tuple[FileRecord, Path]] = []
     wanted = None if ranks is None else set(ranks)
+    paths = None if only is None else set(only(manifest))
     for record in manifest.files:
         path = _check_file(root, record, problems)
-        if path is not None and hashes and (wanted is None or record.rank in wanted):
+        if (path is not None and hashes and (wanted is None or record.rank in wanted)
+                and (paths is None or record.path in paths)):
             to_hash.append((record, path))
     results = hash_files([p for _, p in to_hash], threads=threads) if to_hash else []
     for (record, _), result in zip(to_hash, results, strict=True):

@@ -121,6 +121,10 @@ CODES: dict[str, str] = {
     "STORAGE_MISSING": "the storage path does not exist on the node",
     "STORAGE_LOW_SPACE": "little free space on the storage path",
     "CLOCK_SKEW": "the node's clock differs from the driver's",
+    # model.py (at the first report, from rayguard.train)
+    "MODEL_BATCHNORM_NOT_SYNCED": "BatchNorm that is not SyncBatchNorm in a multi-rank data-parallel model",
+    "MODEL_PARAMS_DIFFER": "replicated parameters differ across ranks at the first report",
+    "STATE_FULL_ON_EVERY_RANK": "every rank passed the same large full state dict in state=",
     # runner.py
     "DOCTOR_NO_CLUSTER": "no Ray cluster found: checked this machine only",
     "DOCTOR_PROBE_FAILED": "the probe task failed on a node",

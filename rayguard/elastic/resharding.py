@@ -14,8 +14,9 @@ Three kinds of per-rank state:
 ``"sharded"``
     A partition of one object over exactly ``saved_world_size`` ranks (ZeRO/FSDP shards
     saved per rank). It cannot be resharded here: loading needs the same world size and
-    every shard, and new rank ``r`` loads shard ``r``; anything else is a clear error
-    (re-save it through a world-size independent format such as torch.distributed.checkpoint).
+    every shard, and new rank ``r`` loads shard ``r``; anything else is a clear error.
+    State passed through ``report(sharded=...)`` is not planned here: it is written with
+    torch.distributed.checkpoint and resharded by it on load (``load_state(sharded=...)``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def plan_state_sources(
             raise ReshardError(
                 f"plan_state_sources(kind='sharded'): state sharded over {saved_world_size} ranks "
                 f"(shards present: {len(saved)}) cannot load into {new_world} ranks. Fix: keep the "
-                "world size fixed for this state, or save it in a world-size independent format "
-                "(e.g. torch.distributed.checkpoint) and load it as 'replicated'")
+                "world size fixed for this state, or pass it through rayguard.train.report("
+                "sharded=...) / load_state(sharded=...), which DCP reshards")
         return {r: r for r in range(new_world)}
     raise ReshardError(f"plan_state_sources(kind={kind!r}): unknown kind. "
                        "Fix: pass 'replicated', 'rank_local' or 'sharded'")

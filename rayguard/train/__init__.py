@@ -30,16 +30,21 @@ def _session() -> WorkerSession:
     return session
 
 
-def report(metrics: dict[str, Any], *, state: Any = None, step: int | None = None) -> None:
+def report(metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
+           sharded: dict[str, Any] | None = None) -> None:
     """Report metrics (returns at once; forwarded to ``ray.train.report`` in order) and, with
-    ``state``, take a coordinated, checksum-verified checkpoint of it.
+    ``state`` and/or ``sharded``, take a coordinated, checksum-verified checkpoint.
 
     ``state``: this rank's state (tensors and plain containers). Ranks that pass ``None``
-    write nothing (the DDP case: rank 0 holds the replicated model).
+    write nothing (the DDP case: rank 0 holds the replicated model). DTensors are refused
+    here: they go in ``sharded``.
+    ``sharded``: FSDP2 / DTensor state, e.g. ``{"model": model, "optim": opt}``, passed by
+    every rank; written with torch.distributed.checkpoint (each rank its own shards), every
+    file hashed into the same manifest, and reshardable to another world size on load.
     ``step``: the training step (default ``metrics['step']``, ``state['step']``, or one past
     the last report). NaN/inf in the watched metrics raise before anything is saved.
     """
-    _session().report(metrics, state=state, step=step)
+    _session().report(metrics, state=state, step=step, sharded=sharded)
 
 
 def heartbeat() -> None:
@@ -47,15 +52,20 @@ def heartbeat() -> None:
     _session().heartbeat()
 
 
-def load_state() -> Any:
+def load_state(*, sharded: dict[str, Any] | None = None) -> Any:
     """This rank's state from the newest checkpoint that verifies (``None`` on a fresh start).
 
     Checkpoints that fail verification are skipped with a warning, recorded in the event
     log, and never tried again. RNG states saved with it are restored.
+
+    ``sharded`` (every rank, the same keys as at ``report``): the objects to load the
+    sharded part into, in place, resharded to this world size by torch.distributed.checkpoint;
+    every file was verified before DCP reads it. The plain part is returned (``{}`` when the
+    checkpoint has none); ``None`` still means a fresh start (nothing was loaded).
     """
     from rayguard.train.checkpointing import load_state as _load
 
-    return _load(_session())
+    return _load(_session(), sharded)
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,11 @@ Commit protocol (every rank runs it; ranks agree through the run's coordinator):
 4. rank 0 hands the committed directory to ``ray.train.report`` (no upload: it is already
    in the run directory), so ``CheckpointConfig(num_to_keep=...)`` and ``Result`` work.
 
+With ``sharded=`` (every rank passes it), step 2 first runs ``torch.distributed.checkpoint``
+into ``.staging-<name>/dcp/`` (a collective), then each rank hashes the DCP files it wrote
+and adds them to its shard record; rank 0 also checks that no DCP file escaped the records.
+``load_state(sharded=...)`` lets DCP read only a checkpoint rank 0 verified in full.
+
 A crash at any moment leaves either a committed, verified checkpoint or a staging directory
 that no reader accepts and the next start removes.
 """
@@ -21,7 +26,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rayguard.exceptions import CheckpointError
 
@@ -76,14 +81,29 @@ def _write_remote(session: WorkerSession, payload: Any, final: str) -> Any:
         shutil.rmtree(local, ignore_errors=True)
 
 
-def _commit(session: WorkerSession, final: str, records: list[Any], step: int) -> Any:
+def _commit(session: WorkerSession, final: str, records: list[Any], step: int,
+            described: tuple[list[dict[str, Any]], list[str]] | None = None) -> Any:
+    """Rank 0 publishes; ``described``: (meshes, keys) of a sharded save."""
     from ray.train import Checkpoint
 
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.remote import commit_remote, is_local
 
     ctx = session.ctx
-    meta = {"attempt": ctx.attempt}
+    meta: dict[str, Any] = {"attempt": ctx.attempt}
+    if described is not None:
+        from rayguard.train.sharded import commit_sharded
+
+        if is_local(session.fs):
+            published = commit_sharded(final, records, world_size=ctx.world_size, step=step,
+                                       meshes=described[0], keys=described[1], metadata=meta)
+            return Checkpoint.from_directory(str(published))
+        from rayguard.checkpoint import sharded as sh
+
+        dcp_records = [f for r in records for f in r.files if f.path.startswith(f"{sh.DCP_DIR}/")]
+        uploaded = [f.path.removeprefix(f"{sh.DCP_DIR}/") for f in dcp_records]
+        sh.check_complete(dcp_records, uploaded, ctx.world_size)  # .metadata there, owners right
+        meta[sh.SHARDED_KEY] = sh.describe_sharded(ctx.world_size, described[0], described[1])
     if is_local(session.fs):
         path = str(ck.commit(ck.staging_dir_for(final), final, records,
                              world_size=ctx.world_size, step=step, metadata=meta))
@@ -106,7 +126,50 @@ def _discard(session: WorkerSession, final: str) -> None:
             pass
 
 
-def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
+class ShardedStateError(CheckpointError):
+    """``state=``/``sharded=`` were misused (a DTensor in ``state=``, ``sharded=`` on some
+    ranks only): the same on every attempt, so the run ends without a retry."""
+
+    fatal = True
+
+
+class _Intent(NamedTuple):
+    has_state: bool
+    step: int
+    sharded: bool
+    problem: str | None
+    facts: Any = None
+    """The model preflight's facts, at the first report only."""
+
+
+def _problem(session: WorkerSession, state: Any, sharded: Any) -> str | None:
+    from rayguard.checkpoint.sharded import dtensor_error_message, find_distributed_tensors
+
+    paths = find_distributed_tensors(state)
+    if paths:
+        return dtensor_error_message(paths, session.ctx.rank)
+    if sharded is not None:
+        from rayguard.train.sharded import check_sharded_arg
+
+        problem = check_sharded_arg(sharded)
+        return None if problem is None else f"rank {session.ctx.rank}: {problem}"
+    return None
+
+
+def _agree(intents: list[_Intent]) -> None:
+    """Raise the same ShardedStateError on every rank when any rank misused the arguments."""
+    problems = [i.problem for i in intents if i.problem]
+    if problems:
+        raise ShardedStateError("; ".join(problems))
+    flags = [i.sharded for i in intents]
+    if any(flags) and not all(flags):
+        raise ShardedStateError(
+            f"ranks {[r for r, f in enumerate(flags) if not f]} did not pass sharded= while ranks "
+            f"{[r for r, f in enumerate(flags) if f]} did: the sharded save is a collective. Fix: "
+            "call report(..., sharded=...) with the same keys on every rank.")
+
+
+def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any = None) -> Any:
     """Run the commit protocol if any rank passed a state; returns the Ray ``Checkpoint``
     for rank 0 (``None`` on other ranks or when nothing was saved)."""
     from rayguard import checkpoint as ck
@@ -114,17 +177,37 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
 
     ctx = session.ctx
     tag = f"report{session.report_count}"
-    intents = session.gather(f"{tag}:intent", (state is not None, step))
-    if not any(has for has, _ in intents):
+    first = session.report_count == 1
+    facts = None
+    if first:
+        from rayguard.train.model_preflight import collect
+
+        facts = collect(state, sharded)
+    intent = _Intent(state is not None, step, sharded is not None,
+                     _problem(session, state, sharded), facts)
+    intents = [_Intent(*i) for i in session.gather(f"{tag}:intent", tuple(intent))]
+    _agree(intents)
+    if first and ctx.rank == 0:
+        from rayguard.train.model_preflight import log_findings
+
+        log_findings([i.facts for i in intents])
+    if not any(i.has_state or i.sharded for i in intents):
         return None
-    step = intents[0][1]
+    step = intents[0].step
     name = checkpoint_name(step, ctx.attempt)
     final = f"{ctx.run_dir.rstrip('/')}/{name}"
     payload = {_META: {"rng": ck.capture_rng_state(), "has_state": state is not None},
                "state": _canonical_keys(state)}
-    write = _write_local if is_local(session.fs) else _write_remote
+    described: Any = None
     try:
-        record: Any = write(session, payload, final)
+        if intents[0].sharded:
+            from rayguard.train.sharded import write_for_session
+
+            record, meshes, keys = write_for_session(session, payload, final, sharded)
+            described = (meshes, keys)
+        else:
+            write = _write_local if is_local(session.fs) else _write_remote
+            record = write(session, payload, final)
     except Exception as exc:
         record = CheckpointError(f"rank {ctx.rank} on node {ctx.node_id}: {exc}")
     records = session.gather(f"{tag}:records", record)
@@ -137,7 +220,7 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
             + "; ".join(str(f) for f in failures))
     if ctx.rank != 0:
         return None
-    checkpoint = _commit(session, final, records, step)
+    checkpoint = _commit(session, final, records, step, described)
     total = sum(f.size_bytes for r in records for f in r.files)
     session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
                    f"{len(records)} shard(s))", step=step, path=final, bytes=total)
@@ -208,14 +291,28 @@ def _choose_checkpoint(session: WorkerSession) -> str | None:
     return _choose_local(session) if is_local(session.fs) else _choose_remote(session)
 
 
-def load_state(session: WorkerSession) -> Any:
+def load_state(session: WorkerSession, sharded: Any = None) -> Any:
     from rayguard.checkpoint.remote import download, is_local
 
     ctx = session.ctx
     session.injector.on_load()
     session.load_count += 1
-    chosen = _choose_checkpoint(session) if ctx.rank == 0 else None
-    chosen = session.gather(f"load{session.load_count}", chosen)[0]
+    problem = None
+    if sharded is not None:
+        from rayguard.train.sharded import check_sharded_arg
+
+        problem = check_sharded_arg(sharded)
+    chosen = (_choose_checkpoint(session) if ctx.rank == 0 and problem is None and sharded is None
+              else None)
+    answers = session.gather(f"load{session.load_count}", (chosen, sharded is not None, problem))
+    _agree([_Intent(False, 0, has, p) for _, has, p in answers])
+    if sharded is not None:
+        from rayguard.train.sharded import choose, restore
+
+        verified = choose(session)
+        session.watchdog.heartbeat()
+        return None if verified is None else restore(session, verified, sharded)
+    chosen = answers[0][0]
     session.watchdog.heartbeat()
     if chosen is None:
         return None
@@ -228,21 +325,39 @@ def load_state(session: WorkerSession) -> Any:
         shutil.rmtree(local, ignore_errors=True)
 
 
-def _restore(session: WorkerSession, chosen: str, local: str) -> Any:
-    """Read this rank's state from ``local`` (a verified checkpoint, maybe a download)."""
+def _warn_unloaded_sharded(manifest: Any, chosen: str) -> None:
+    from rayguard.checkpoint.sharded import sharded_info
+
+    info = sharded_info(manifest)
+    if info is not None:
+        logger.warning("rayguard: %s also holds sharded state %s that load_state() without "
+                       "sharded= does not load. Fix: load_state(sharded={...}) with the objects "
+                       "passed to report(sharded=...)", chosen, info.get("keys"))
+
+
+def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional: bool = False,
+             note: str = "", **extra: Any) -> Any:
+    """Read this rank's state from ``local`` (a verified checkpoint, maybe a download).
+
+    ``plain_optional``: the sharded part was loaded; a checkpoint without plain state
+    returns ``{}`` instead of raising. ``note`` and ``extra`` go into the ``restored`` event."""
     from rayguard import checkpoint as ck
 
     ctx = session.ctx
     manifest = ck.read_manifest(Path(local))
+    if not plain_optional and ctx.rank == 0:
+        _warn_unloaded_sharded(manifest, chosen)
     # Same world size: a rank's own shard. After a resize, rank-local state follows the
     # worker (the rank its slot held before); replicated state comes from rank 0 below.
     source = ctx.rank if manifest.world_size == ctx.world_size else ctx.previous_rank
-    own = ck.read_shard(local, source) if source is not None and manifest.files_of(source) else None
+    own = ck.read_shard(local, source) if source is not None and manifest.shard_files_of(source) else None
     meta = (own or {}).get(_META, {})
     if own is not None and meta.get("has_state"):
         state = own["state"]
     else:
-        shared = ck.read_shard(local, 0) if manifest.files_of(0) else None
+        shared = ck.read_shard(local, 0) if manifest.shard_files_of(0) else None
+        if (shared is None or not shared.get(_META, {}).get("has_state")) and plain_optional:
+            shared = {_META: {"has_state": True}, "state": {}}
         if shared is None or not shared.get(_META, {}).get("has_state"):
             raise CheckpointError(
                 f"rank {ctx.rank}: checkpoint {chosen} has no state for this rank and no "
@@ -252,8 +367,10 @@ def _restore(session: WorkerSession, chosen: str, local: str) -> Any:
     if own is not None and "rng" in meta:
         ck.restore_rng_state(meta["rng"])
     step = state.get("step") if isinstance(state, dict) else None
+    if step is None and plain_optional:
+        step = manifest.step
     session.last_step = step if isinstance(step, int) else session.last_step
     if ctx.rank == 0:
-        session.record("restored", f"restored {os.path.basename(chosen)} (step {step})",
-                       step=step if isinstance(step, int) else None, path=chosen)
+        session.record("restored", f"restored {os.path.basename(chosen)} (step {step}){note}",
+                       step=step if isinstance(step, int) else None, path=chosen, **extra)
     return state

@@ -186,7 +186,8 @@ class WorkerSession:
     def heartbeat(self) -> None:
         self.watchdog.heartbeat()
 
-    def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None) -> None:
+    def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
+               sharded: Any = None) -> None:
         metrics = {k: _plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)
@@ -197,10 +198,10 @@ class WorkerSession:
         checkpoint = None
         if state is not None:
             _check_checkpointable(state, self.ctx.rank)
-        if self.ctx.world_size > 1 or state is not None:
+        if self.ctx.world_size > 1 or state is not None or sharded is not None:
             from rayguard.train.checkpointing import maybe_checkpoint
 
-            checkpoint = maybe_checkpoint(self, state, step)
+            checkpoint = maybe_checkpoint(self, state, step, sharded)
         self.forwarder.submit(_forward, metrics, checkpoint)
         self._last_metrics = metrics
         self._send_progress()
@@ -241,8 +242,12 @@ def _check_checkpointable(state: Any, rank: int) -> None:
     """Fail fast, before any peer waits for this rank, on a value no checkpoint can hold; the
     path named is the user's own (``state['cfg']``)."""
     from rayguard.checkpoint.format import encode
+    from rayguard.checkpoint.sharded import dtensor_error_message, find_distributed_tensors
     from rayguard.exceptions import SerializationError, StateNotCheckpointableError
 
+    paths = find_distributed_tensors(state)
+    if paths:
+        raise StateNotCheckpointableError(dtensor_error_message(paths, rank))
     try:
         encode(state)
     except SerializationError as exc:

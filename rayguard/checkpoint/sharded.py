@@ -1,0 +1,211 @@
+"""The sharded part of a checkpoint: the files torch.distributed.checkpoint (DCP) wrote.
+
+A checkpoint taken with ``report(sharded=...)`` holds, beside each rank's plain shard
+(``shard-rankNNNNN.safetensors``: the plain ``state=`` part and the rank's RNG), a ``dcp/``
+directory written by ``torch.distributed.checkpoint.save``: ``__<rank>_<n>.distcp`` per rank
+and one ``.metadata`` (written by rank 0). Every one of those files is listed in the rayguard
+manifest with its size and sha256 like any shard file, so verification, fallback and the
+rejection record are the ones of every checkpoint. The manifest's ``metadata["sharded"]``
+(:func:`describe_sharded`) names the format, the directory, the world size that saved it,
+the device meshes and the top-level keys.
+
+Pure: no torch.distributed here (the DCP adapter is :mod:`rayguard.train.sharded`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rayguard.checkpoint.hashing import hash_files
+from rayguard.checkpoint.manifest import FileRecord, Manifest
+from rayguard.checkpoint.verify import VerifyReport, verify
+from rayguard.exceptions import CheckpointError
+
+DCP_DIR = "dcp"
+"""Where DCP writes, relative to the checkpoint directory."""
+DCP_METADATA = ".metadata"
+SHARDED_KEY = "sharded"
+"""The key of the sharded part's description in ``Manifest.metadata``."""
+SHARDED_FORMAT = "torch.distributed.checkpoint"
+
+_DATA_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
+
+
+def owner_of(name: str) -> int | None:
+    """The rank that wrote DCP file ``name`` (``.metadata``: rank 0); None for a stranger."""
+    if name == DCP_METADATA:
+        return 0
+    match = _DATA_FILE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def files_of_rank(names: Iterable[str], rank: int) -> list[str]:
+    """The DCP files among ``names`` that ``rank`` wrote (and therefore hashes), sorted."""
+    return sorted(n for n in names if owner_of(n) == rank)
+
+
+def unclaimed(names: Iterable[str], world_size: int) -> list[str]:
+    """Files in the DCP directory that no rank of ``world_size`` claims (never committed
+    silently: a file nobody hashed would escape verification)."""
+    out = []
+    for n in names:
+        owner = owner_of(n)
+        if owner is None or not 0 <= owner < world_size:
+            out.append(n)
+    return sorted(out)
+
+
+def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
+                     threads: int | None = None, fsync: bool = True) -> tuple[FileRecord, ...]:
+    """Hash the DCP files ``rank`` wrote under ``checkpoint_dir/dcp`` (after ``dcp.save``
+    returned on this rank); the records go into the manifest like a shard's.
+
+    ``fsync``: also make them durable (and the directory), in a thread beside the hashing,
+    so the disk's write-back overlaps the sha256 instead of preceding it (the adapter runs
+    DCP with ``sync_files=False`` for that reason)."""
+    directory = Path(checkpoint_dir) / DCP_DIR
+    names = files_of_rank(os.listdir(directory), rank)
+    paths = [directory / n for n in names]
+    with ThreadPoolExecutor(1, thread_name_prefix="rg-dcp-fsync") as pool:
+        synced = pool.submit(_fsync_all, [*paths, directory]) if fsync else None
+        results = hash_files(paths, threads=threads) if paths else []
+        if synced is not None:
+            synced.result()
+    records = []
+    for name, path, result in zip(names, paths, results, strict=True):
+        if isinstance(result, BaseException):
+            raise CheckpointError(f"rank {rank}: could not hash {path} after the DCP save ({result})")
+        records.append(FileRecord(f"{DCP_DIR}/{name}", rank, path.stat().st_size, result[0],
+                                  result[1]))
+    return tuple(records)
+
+
+def _fsync_all(paths: Sequence[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def check_complete(records: Sequence[FileRecord], listing: Iterable[str], world_size: int) -> None:
+    """The committer's check that the manifest will cover the DCP directory exactly.
+
+    ``records`` are every rank's DCP file records, ``listing`` the names in the staging DCP
+    directory. Raises CheckpointError if a file is unclaimed, unrecorded, or ``.metadata`` is
+    missing.
+    """
+    recorded = {r.path.removeprefix(f"{DCP_DIR}/") for r in records}
+    names = set(listing)
+    problems = []
+    strangers = unclaimed(names, world_size)
+    if strangers:
+        problems.append(f"files no rank wrote {strangers[:5]}")
+    missing = sorted(names - recorded - set(strangers))
+    if missing:
+        problems.append(f"files written but not hashed {missing[:5]}")
+    if DCP_METADATA not in names:
+        problems.append(f"no {DCP_METADATA} (DCP's save did not finish)")
+    if problems:
+        raise CheckpointError(
+            "the sharded part cannot be committed: " + "; ".join(problems)
+            + ". Fix: nothing else may write into a checkpoint's dcp/ directory while it is saved.")
+
+
+def describe_sharded(world_size: int, meshes: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """The manifest's ``metadata["sharded"]`` entry."""
+    unique: list[dict[str, Any]] = []
+    for mesh in meshes:
+        if mesh not in unique:
+            unique.append(dict(mesh))
+    return {"format": SHARDED_FORMAT, "dir": DCP_DIR, "world_size": int(world_size),
+            "meshes": unique, "keys": sorted(keys)}
+
+
+def sharded_info(manifest: Manifest) -> dict[str, Any] | None:
+    """The sharded part's description, or None when the checkpoint has none."""
+    info = manifest.metadata.get(SHARDED_KEY)
+    return info if isinstance(info, dict) else None
+
+
+def check_loadable(manifest: Manifest, where: str) -> dict[str, Any]:
+    """The sharded description of a checkpoint that ``load_state(sharded=...)`` will read;
+    raises CheckpointError when it has no sharded part or its manifest does not list DCP's
+    ``.metadata`` (so DCP would read a file nobody verified)."""
+    info = sharded_info(manifest)
+    if info is None or info.get("format") != SHARDED_FORMAT:
+        raise CheckpointError(
+            f"{where} holds no sharded state (it was saved with state= only). Fix: load it with "
+            "load_state() and the plain state's tensors, or start a new run directory for the "
+            "sharded model.")
+    listed = {f.path for f in manifest.files}
+    if f"{DCP_DIR}/{DCP_METADATA}" not in listed:
+        raise CheckpointError(f"{where}: its manifest lists no {DCP_DIR}/{DCP_METADATA}; refusing "
+                              "to let DCP read files that were not verified")
+    return info
+
+
+def plan_verification(manifest: Manifest, world_size: int) -> list[list[str]]:
+    """Which files each of ``world_size`` loading ranks hashes, so that together they hash
+    every file once. At the saved world size each rank hashes what its own rank saved (the
+    files it mostly reads, so they are in its page cache when DCP reads them); at another
+    size the files go largest first to the least loaded rank."""
+    plan: list[list[str]] = [[] for _ in range(world_size)]
+    if manifest.world_size == world_size:
+        for f in manifest.files:
+            plan[f.rank].append(f.path)
+        return plan
+    load = [0] * world_size
+    for f in sorted(manifest.files, key=lambda f: (-f.size_bytes, f.path)):
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        plan[r].append(f.path)
+        load[r] += f.size_bytes
+    return plan
+
+
+def verify_share(checkpoint_dir: str | os.PathLike[str], rank: int, world_size: int, *,
+                 threads: int | None = None) -> VerifyReport:
+    """Rank ``rank``'s share of verifying a checkpoint (:func:`plan_verification`): every
+    file's presence and size, and the sha256 of this rank's files. The checkpoint is whole
+    when every rank's report is ok."""
+    return verify(checkpoint_dir, threads=threads,
+                  only=lambda m: plan_verification(m, world_size)[rank])
+
+
+def find_distributed_tensors(state: Any, where: str = "state", limit: int = 5) -> list[str]:
+    """Paths of DTensor values in ``state`` (plain ``state=`` cannot hold them)."""
+    found: list[str] = []
+    _walk(state, where, found, limit)
+    return found
+
+
+def _walk(obj: Any, where: str, found: list[str], limit: int) -> None:
+    if len(found) >= limit:
+        return
+    if _is_dtensor(obj):
+        found.append(where)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk(v, f"{where}[{k!r}]", found, limit)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _walk(v, f"{where}[{i}]", found, limit)
+
+
+def _is_dtensor(obj: Any) -> bool:
+    return any(c.__name__ == "DTensor" and c.__module__.startswith("torch.distributed")
+               for c in type(obj).__mro__)
+
+
+def dtensor_error_message(paths: Sequence[str], rank: int) -> str:
+    return (f"rank {rank}: {', '.join(paths)} is a DTensor (FSDP2 / tensor-parallel shard). "
+            "Plain state= holds only whole tensors, so a sharded model cannot go through it. "
+            "Fix: pass the model and optimizer as sharded={'model': model, 'optim': opt} on "
+            "every rank (written with torch.distributed.checkpoint, reshardable), and keep "
+            "state= for plain values such as the step.")

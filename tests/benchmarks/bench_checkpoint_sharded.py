@@ -1,0 +1,138 @@
+"""The sharded case of bench_checkpoint.py (run it through ``bench_checkpoint.py --sharded``):
+rayguard's sharded save and load+verify against plain DCP on the same DTensor state, two
+gloo processes, interleaved per repetition. Prints rank 0's medians and the ratios."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def make_sharded_state(size_mib: int, rank: int) -> dict:
+    """``size_mib`` in all, this rank's half: 60% weights, 40% two moments, Shard(0)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    per_rank = size_mib * 2**20 // WORLD
+    g = torch.Generator().manual_seed(rank)
+
+    def shard(nbytes: int) -> DTensor:
+        local = torch.randn(nbytes // 4 // 1024, 1024, generator=g)
+        return DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+
+    n = 6
+    model = {f"layer{i}.weight": shard(int(per_rank * 0.6 / n)) for i in range(n)}
+    optim = {f"layer{i}.weight": {"exp_avg": shard(int(per_rank * 0.2 / n)),
+                                  "exp_avg_sq": shard(int(per_rank * 0.2 / n))} for i in range(n)}
+    return {"model": model, "optim": optim}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def _rayguard_save(root: Path, rep: int, rank: int, sharded: dict) -> None:
+    from rayguard import checkpoint as ck
+    from rayguard.train import sharded as adapter
+
+    final = str(root / f"checkpoint_{rep:09d}_a0")
+    payload = {"__rayguard__": {"rng": ck.capture_rng_state(), "has_state": True},
+               "state": {"step": rep}}
+    record, meshes = adapter.write_rank(str(ck.staging_dir_for(final)), rank, sharded, payload)
+    records: list = [None] * WORLD
+    dist.all_gather_object(records, record)
+    if rank == 0:
+        adapter.commit_sharded(final, records, world_size=WORLD, step=rep, meshes=meshes,
+                               keys=sorted(sharded))
+
+
+def _rayguard_load(root: Path, rep: int, rank: int, sharded: dict) -> None:
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.sharded import verify_share
+    from rayguard.train import sharded as adapter
+
+    final = root / f"checkpoint_{rep:09d}_a0"
+    shares: list = [None] * WORLD
+    dist.all_gather_object(shares, verify_share(final, rank, WORLD).problems)
+    if any(shares):
+        raise RuntimeError(f"{final} did not verify: {shares}")
+    adapter.load(str(final), sharded)
+    ck.read_shard(final, rank)
+
+
+def _verify_only(root: Path, rep: int, rank: int) -> None:
+    from rayguard.checkpoint.sharded import verify_share
+
+    verify_share(root / f"checkpoint_{rep:09d}_a0", rank, WORLD)
+
+
+def _worker(rank: int, size_mib: int, reps: int, work: str, port: int, out: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    sharded = make_sharded_state(size_mib, rank)
+    root = Path(work)
+    times: dict[str, list[float]] = {}
+    for rep in range(reps):
+        plain = str(root / f"dcp{rep}")
+        ops: dict[str, Callable[[], object]] = {
+            "dcp.save": partial(dcp.save, sharded, checkpoint_id=plain),
+            "rayguard.save": partial(_rayguard_save, root, rep, rank, sharded),
+            "dcp.load": partial(dcp.load, sharded, checkpoint_id=plain),
+            "rayguard.load+verify": partial(_rayguard_load, root, rep, rank, sharded),
+            "rayguard.verify only": partial(_verify_only, root, rep, rank),
+        }
+        for name, fn in ops.items():
+            times.setdefault(name, []).append(_timed(fn))
+        if rank == 0:
+            print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
+            shutil.rmtree(root / f"dcp{rep}", ignore_errors=True)
+            shutil.rmtree(root / f"checkpoint_{rep:09d}_a0", ignore_errors=True)
+        dist.barrier()
+    if rank == 0:
+        torch.save(times, out)
+    dist.destroy_process_group()
+
+
+def run_sharded(size_mib: int = 512, reps: int = 3, directory: str | None = None) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    work = tempfile.mkdtemp(prefix="rg-bench-sharded-", dir=directory)
+    out = os.path.join(work, "times.pt")
+    print(f"sharded state: {size_mib} MiB of DTensors over {WORLD} gloo processes; dir {work}; "
+          f"cores {len(os.sched_getaffinity(0))}; torch {torch.__version__}", flush=True)
+    try:
+        mp.spawn(_worker, args=(size_mib, reps, work, port, out), nprocs=WORLD)
+        times = torch.load(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    nbytes = size_mib * 2**20
+    print(f"\n{'operation (rank 0)':<28}{'median s':>10}{'GiB/s':>8}")
+    for name, t in med.items():
+        print(f"{name:<28}{t:>10.3f}{nbytes / 2**30 / t:>8.2f}")
+    print(f"\nrayguard.save / dcp.save               = {med['rayguard.save'] / med['dcp.save']:.2f}x  (target <= 1.15x)")
+    print(f"rayguard.load+verify / dcp.load        = {med['rayguard.load+verify'] / med['dcp.load']:.2f}x  (target <= 1.15x)")
+    return 0

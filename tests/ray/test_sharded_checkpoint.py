@@ -1,0 +1,165 @@
+"""Sharded state (FSDP2 ``fully_shard`` on CPU/gloo, AdamW) through ``report(sharded=...)`` on
+a real local cluster: exact resume after a kill, resharding 2 -> 1 and 2 -> 3 workers,
+corrupt DCP files rejected with fallback, and the DTensor-in-``state=`` error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import rayguard
+from rayguard.events import read as read_events
+from rayguard.testing.recorder import make_trainer
+
+pytestmark = pytest.mark.timeout(900)  # several runs of process start-up on a loaded 2-core machine
+
+
+def _full(model):
+    """The whole model on every rank (a collective), as plain CPU tensors."""
+    return {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
+
+
+def fsdp_loop(config):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    ctx = rayguard.train.get_context()
+    torch.manual_seed(0)  # the same initial model on every rank, at every world size
+    model = torch.nn.Sequential(torch.nn.Linear(8, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sharded = {"model": model, "optim": opt}
+    state = rayguard.train.load_state(sharded=sharded)
+    start = 0 if state is None else state["step"] + 1
+    loaded = _full(model)
+    if state is not None and ctx.rank == 0 and config.get("after_load"):
+        torch.save(loaded, config["after_load"])
+    for step in range(start, config["steps"]):
+        x = torch.randn(16, 8)  # this rank's RNG: exact only if its RNG state is restored
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if config.get("dtensor_in_state"):
+            rayguard.train.report({"loss": loss.item()}, state={"model": model.state_dict()})
+        rayguard.train.report({"loss": loss.item(), "step": step}, sharded=sharded,
+                              state={"step": step})
+        full = _full(model)
+        if ctx.rank == 0 and step in config.get("dump_at", {}):
+            torch.save(full, config["dump_at"][step])
+    full = _full(model)
+    dist.barrier()
+    if ctx.rank == 0:
+        torch.save(full, config["out"])
+
+
+def _fit(tmp_path, name, *, workers=2, faults=None, **config):
+    out = str(tmp_path / f"{name}-w{workers}.pt")
+    guard = rayguard.GuardConfig(seed=0, faults=faults, numa="off")
+    result = make_trainer(fsdp_loop, tmp_path, num_workers=workers, config={"out": out, **config},
+                          guard=guard, name=name).fit()
+    return torch.load(out, weights_only=True), read_events(result.path), result.path
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _kinds(events):
+    return [e["kind"] for e in events]
+
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def clean(ray_local_module, tmp_path_factory):
+    weights, events, _ = _fit(tmp_path_factory.mktemp("clean"), "clean", steps=STEPS)
+    assert "restart" not in _kinds(events)
+    return weights
+
+
+def test_kill_rank1_resumes_bitwise(clean, tmp_path):
+    weights, events, run = _fit(tmp_path, "kill", faults="kill:rank=1,step=4", steps=STEPS)
+    kinds = _kinds(events)
+    assert "worker_died" in kinds and "restart" in kinds
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert restored and restored[0]["step"] == 3
+    assert _equal(weights, clean)
+    # every DCP file is in the manifest, with the world size and the mesh
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.sharded import sharded_info
+
+    path = restored[0]["path"]
+    manifest = ck.read_manifest(path)
+    listed = {f.path for f in manifest.files}
+    assert {f"dcp/{n}" for n in os.listdir(os.path.join(path, "dcp"))} <= listed
+    info = sharded_info(manifest)
+    assert info["world_size"] == 2 and info["meshes"][0]["shape"] == [2]
+    assert ck.verify(path).ok
+
+
+@pytest.fixture(scope="module")
+def saved_at_2(ray_local_module, tmp_path_factory):
+    """A run of 2 workers saving steps 0..3; the full model saved at step 3."""
+    root = tmp_path_factory.mktemp("reshard")
+    at3 = str(root / "at3.pt")
+    _fit(root, "reshard", steps=4, dump_at={3: at3})
+    return root / "reshard", torch.load(at3, weights_only=True)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_reshard_on_restart_at_another_size(saved_at_2, tmp_path, workers):
+    run_dir, at3 = saved_at_2
+    shutil.copytree(run_dir, tmp_path / "reshard")
+    after_load = str(tmp_path / "after_load.pt")
+    _, events, _ = _fit(tmp_path, "reshard", workers=workers, steps=6, after_load=after_load)
+    assert _equal(torch.load(after_load, weights_only=True), at3)
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert restored[-1]["saved_world_size"] == 2 and "resharded to" in restored[-1]["detail"]
+    committed = [e["step"] for e in events if e["kind"] == "checkpoint_committed"]
+    assert committed[-2:] == [4, 5]  # training continued at the new size
+
+
+def _flip_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def test_corrupt_dcp_files_are_rejected_and_an_older_one_loads(ray_local_module, tmp_path):
+    at1 = str(tmp_path / "at1.pt")
+    _, events, run = _fit(tmp_path, "corrupt", steps=5, dump_at={1: at1})
+    by_step = {e["step"]: e["path"] for e in events if e["kind"] == "checkpoint_committed"}
+    _flip_byte(os.path.join(by_step[4], "dcp", "__1_0.distcp"))
+    os.remove(os.path.join(by_step[3], "dcp", ".metadata"))
+    with open(os.path.join(by_step[2], "dcp", "__0_0.distcp"), "r+b") as f:
+        f.truncate(os.path.getsize(f.name) - 7)
+    after_load = str(tmp_path / "after_load.pt")
+    _, events, _ = _fit(tmp_path, "corrupt", steps=2, after_load=after_load)
+    rejected = {e["path"]: e["detail"] for e in events if e["kind"] == "checkpoint_rejected"}
+    assert "__1_0.distcp: sha256 mismatch" in rejected[by_step[4]]
+    assert ".metadata: missing" in rejected[by_step[3]]
+    assert "__0_0.distcp: size is" in rejected[by_step[2]]
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert restored[-1]["step"] == 1 and restored[-1]["path"] == by_step[1]
+    assert _equal(torch.load(after_load, weights_only=True), torch.load(at1, weights_only=True))
+
+
+def test_dtensor_in_plain_state_names_sharded(ray_local_module, tmp_path):
+    with pytest.raises(Exception) as info:
+        _fit(tmp_path, "dtensor", steps=2, dtensor_in_state=True)
+    text = str(info.value)
+    assert "is a DTensor" in text and "sharded={'model': model, 'optim': opt}" in text
+    events = read_events(str(tmp_path / "dtensor"))
+    assert "restart" not in _kinds(events)  # the same on every attempt: no retry
