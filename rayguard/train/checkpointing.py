@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +114,7 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
     from rayguard.checkpoint.remote import is_local
 
     ctx = session.ctx
+    started = time.perf_counter()
     tag = f"report{session.report_count}"
     intents = session.gather(f"{tag}:intent", (state is not None, step))
     if not any(has for has, _ in intents):
@@ -140,7 +142,8 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int) -> Any:
     checkpoint = _commit(session, final, records, step)
     total = sum(f.size_bytes for r in records for f in r.files)
     session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
-                   f"{len(records)} shard(s))", step=step, path=final, bytes=total)
+                   f"{len(records)} shard(s))", step=step, path=final, bytes=total,
+                   seconds=round(time.perf_counter() - started, 6))
     return checkpoint
 
 

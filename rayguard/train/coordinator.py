@@ -12,13 +12,15 @@ import threading
 from typing import Any
 
 from rayguard.events import EventLog
+from rayguard.observe.observer import RunObserver
 
 
 class RunCoordinator:
     """The actor body. Create it with :func:`start_coordinator`."""
 
-    def __init__(self, events_file: str) -> None:
+    def __init__(self, events_file: str, observe: dict[str, Any] | None = None) -> None:
         self._log = EventLog(events_file)
+        self._observer = RunObserver(**(observe or {"run": "run", "metrics": None}))
         self._attempt = -1
         self._claims: set[str] = set()
         self._rejected: dict[str, str] = {}
@@ -39,7 +41,15 @@ class RunCoordinator:
     def record(self, event: dict[str, Any]) -> None:
         if event.get("attempt") is None:
             event["attempt"] = self.attempt()
+        self._observer.annotate(event)
         self._log.append(event)
+        self._observer.emit(event)
+
+    def step_summary(self, summary: dict[str, Any]) -> None:
+        """A rank's step timing since its last summary (fire-and-forget from the worker):
+        logged as a ``steps`` event, exported as metrics, checked for stragglers."""
+        for event in self._observer.on_summary(summary):
+            self.record(event)
 
     def events_file(self) -> str:
         return str(self._log.path)
@@ -86,12 +96,13 @@ class RunCoordinator:
             return values
 
 
-def start_coordinator(events_file: str):
-    """Start the run's coordinator on the driver's node (no CPU reserved)."""
+def start_coordinator(events_file: str, observe: dict[str, Any] | None = None):
+    """Start the run's coordinator on the driver's node (no CPU reserved). ``observe``: the
+    :class:`~rayguard.observe.observer.RunObserver` arguments (run name, straggler rule)."""
     import ray
     from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]
 
     node_id = ray.get_runtime_context().get_node_id()
     return ray.remote(RunCoordinator).options(
         num_cpus=0, max_concurrency=1024, label_selector={RAY_NODE_ID_KEY: node_id},
-    ).remote(events_file)
+    ).remote(events_file, observe)

@@ -16,6 +16,7 @@ from rayguard.events import make_event
 from rayguard.exceptions import NonFiniteMetricError, RayGuardError
 from rayguard.health.decisions import Decision, check_finite
 from rayguard.health.watchdog import Watchdog
+from rayguard.observe.steps import StepTimer
 from rayguard.testing.faults import Fault, FaultInjector
 from rayguard.train.context import GuardContext
 from rayguard.train.forwarder import Forwarder
@@ -64,6 +65,8 @@ class WorkerSession:
         self.load_count = 0
         self.fs: Any = None
         """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
+        self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,
+                               metric=guard.health.watch_metrics[0])
 
     # -- coordinator helpers --------------------------------------------------------------
     def _claim(self, key: str) -> bool:
@@ -113,12 +116,25 @@ class WorkerSession:
             self.forwarder.close(timeout_s)
         finally:
             self.watchdog.stop()
+            self._send_summary(self.timer.take())
+
+    def _send_summary(self, summary: dict[str, Any] | None) -> None:
+        """Step timing to the coordinator, fire-and-forget (see rayguard.observe.steps)."""
+        if summary is None or self.coordinator is None:
+            return
+        summary.update(rank=self.ctx.rank, node=self.ctx.node_id, attempt=self.ctx.attempt,
+                       gpu_ids=list(self.ctx.gpu_ids or ()), time=time.time())
+        try:
+            self.coordinator.step_summary.remote(summary)
+        except Exception as exc:  # observing must never break the loop
+            logger.debug("rayguard: step summary not sent: %s", exc)
 
     # -- the user-facing calls ---------------------------------------------------------
     def heartbeat(self) -> None:
         self.watchdog.heartbeat()
 
     def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None) -> None:
+        started = time.perf_counter()
         metrics = {k: _plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)
@@ -132,6 +148,9 @@ class WorkerSession:
 
             checkpoint = maybe_checkpoint(self, state, step)
         self.forwarder.submit(_forward, metrics, checkpoint)
+        summary = self.timer.on_report(step, metrics, time.perf_counter() - started)
+        if summary is not None:
+            self._send_summary(summary)
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
         health = self.guard.health
