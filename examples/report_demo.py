@@ -1,6 +1,6 @@
 """A short run with injected faults, then its report: 2 CPU workers train a small model
 (DDP on gloo) with a checkpoint every 5 steps while rayguard kills rank 1 at step 12, hangs
-rank 0 at step 24 (the watchdog detects it after 5 s) and poisons the loss with NaN at step
+rank 0 at step 24 (the watchdog detects it after 20 s) and poisons the loss with NaN at step
 36. The run recovers from each and finishes; then ``rayguard report`` writes one HTML file.
 
     .venv/bin/python examples/report_demo.py [-o report.html] [--steps 48]
@@ -46,8 +46,8 @@ def train_fn(config):
 
 def run(storage: str, steps: int = 48, step_s: float = 0.1, faults: str = FAULTS) -> str:
     """Run the job; returns its run directory."""
-    health = rayguard.HealthConfig(stall_timeout_s=5.0, step_summary_interval_s=1.0,
-                                   straggler_window_s=10.0)
+    health = rayguard.HealthConfig(stall_timeout_s=20.0, step_summary_interval_s=1.0,
+                                   straggler_window_s=10.0, max_restarts=5)
     trainer = rayguard.RobustTrainer(
         train_fn, train_loop_config={"steps": steps, "step_s": step_s},
         scaling_config=ScalingConfig(num_workers=2),

@@ -13,7 +13,7 @@ from typing import Any
 CAUSES = ("hang", "nan", "preflight", "oom", "preemption", "kill", "error", "unknown")
 FAILURE_KINDS = ("stall_detected", "nan_detected", "preflight_error", "worker_died", "crash_loop")
 
-_DIED = ("ActorDiedError", "actor died", "died unexpectedly", "SIGKILL", "exit code",
+_DIED = ("WorkerHealthCheckFailedError", "health check failed", "ActorDiedError", "actor died", "died unexpectedly", "SIGKILL", "exit code",
          "WorkerCrashedError", "ActorUnavailableError", "process died")
 _OOM = ("outofmemoryerror", "out of memory", "running low on memory")
 _PREEMPT = ("preempt", "NodeDiedError", "node died", "node was removed", "spot")

@@ -72,10 +72,10 @@ def timeline_figure(data: dict[str, Any]) -> Any:
                         row_heights=[0.56, 0.18, 0.26],
                         subplot_titles=("what happened", "world size", "steps/s"))
     lanes = ["restarts", "faults", "checkpoints", "attempts"]
+    bands = []  # plain layout shapes: add_vrect(row="all") is slow with many attempts
     for a in data["attempts"]:
         color = _ATTEMPT_COLORS[a["attempt"] % len(_ATTEMPT_COLORS)]
-        fig.add_vrect(x0=a["start"], x1=a["end"], fillcolor=color, opacity=0.35, line_width=0,
-                      row="all", col=1)
+        bands.append(_band(a["start"], a["end"], color, 0.35))
         fig.add_trace(go.Bar(
             x=[max(a["end"] - a["start"], 1e-3)], base=[a["start"]], y=["attempts"],
             orientation="h", marker_color=color, marker_line_color="#555", marker_line_width=1,
@@ -101,6 +101,9 @@ def timeline_figure(data: dict[str, Any]) -> Any:
                 text=[f"{kind} rank {f['rank']} step {f['step']}: {html.escape(f['detail'])}"
                       for f in marks], hovertemplate="%{text}<extra></extra>"), row=1, col=1)
     restarts = data["restarts"]
+    for r in restarts:  # from the failure to the first step after the restart: time lost
+        if r.get("resumed_time") is not None:
+            bands.append(_band(r["failure_time"], r["resumed_time"], "#d62728", 0.12))
     if restarts:
         fig.add_trace(go.Scatter(
             x=[r["time"] for r in restarts], y=["restarts"] * len(restarts), mode="markers+text",
@@ -119,11 +122,17 @@ def timeline_figure(data: dict[str, Any]) -> Any:
         fig.add_trace(go.Scatter(x=[p["time"] for p in pts], y=[p["steps_per_s"] for p in pts],
                                  mode="lines+markers", name=f"steps/s attempt {a}",
                                  showlegend=False), row=3, col=1)
+    fig.update_layout(shapes=bands)
     fig.update_yaxes(categoryorder="array", categoryarray=lanes, row=1, col=1)
     fig.update_xaxes(title_text="seconds since start", row=3, col=1)
     fig.update_layout(height=620, margin={"l": 90, "r": 20, "t": 40, "b": 40},
                       legend={"orientation": "h", "y": -0.12}, barmode="overlay")
     return fig
+
+
+def _band(x0: float, x1: float, color: str, opacity: float) -> dict[str, Any]:
+    return {"type": "rect", "xref": "x", "yref": "paper", "x0": x0, "x1": x1, "y0": 0, "y1": 1,
+            "fillcolor": color, "opacity": opacity, "line": {"width": 0}, "layer": "below"}
 
 
 def _restart_label(r: dict[str, Any]) -> str:

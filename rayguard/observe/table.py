@@ -49,7 +49,14 @@ def row(event: dict[str, Any], t0: float) -> tuple[str, ...]:
     who = event.get("rank") if "trial_id" not in event else event.get("trial_id")
     return (since, _cell(event.get("attempt")), _cell(who),
             _cell(str(node)[:_NODE_CHARS] if node else None), _cell(event.get("step")),
-            str(event.get("kind", "?")), one_line(event.get("detail")))
+            str(event.get("kind", "?")), _detail(event))
+
+
+def _detail(event: dict[str, Any]) -> str:
+    text = one_line(event.get("detail"))
+    if event.get("kind") == "restart" and event.get("cause"):
+        text += f" (cause: {event['cause']})"
+    return text
 
 
 def header(sweep: bool = False) -> str:

@@ -18,6 +18,10 @@ from typing import Any
 from rayguard.observe.causes import FAILURE_KINDS, failure_cause
 from rayguard.observe.table import one_line
 
+MAX_POINTS = 4000
+"""Points per curve in the report (longer series are thinned evenly, keeping the ends): a
+week-long run draws as fast as a short one."""
+
 FAULT_KINDS = {"worker_died": "died", "stall_detected": "hang", "nan_detected": "nan",
                "preflight_error": "preflight", "straggler": "straggler", "crash_loop": "crash_loop",
                "fault_injected": "injected"}
@@ -60,6 +64,17 @@ def build_run(events: list[dict[str, Any]], metric: str | None = None) -> dict[s
     return data
 
 
+def thin(points: list[Any], max_points: int = MAX_POINTS) -> list[Any]:
+    """Every k-th point so that at most ``max_points`` remain (the last one is kept)."""
+    if len(points) <= max_points:
+        return points
+    stride = -(-len(points) // max_points)
+    out = points[::stride]
+    if out[-1] is not points[-1]:
+        out.append(points[-1])
+    return out
+
+
 def _counts(events: list[dict[str, Any]]) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for e in events:
@@ -91,9 +106,11 @@ def _attempts(events, by_attempt, t0) -> list[dict[str, Any]]:
 
 
 def _reached(evs: list[dict[str, Any]]) -> int | None:
-    """The highest step an attempt reached (from its step summaries and failure events)."""
+    """The highest step an attempt is known to have reached (step summaries, checkpoints,
+    failure events). Steps reported after the last summary of a killed rank are not known,
+    so replayed steps are a lower bound."""
     candidates = [_int(e.get("last_step")) for e in evs if e.get("kind") == "steps"]
-    candidates += [_int(e.get("step")) for e in evs if e.get("kind") in FAILURE_KINDS]
+    candidates += [_int(e.get("step")) for e in evs if e.get("kind") != "restored"]
     found = [c for c in candidates if c is not None]
     return max(found) if found else None
 
@@ -113,8 +130,14 @@ def _restarts(events, by_attempt, steps, t0) -> list[dict[str, Any]]:
         restored = next((r for r in nxt if r.get("kind") == "restored"), None)
         restored_step = _int(restored.get("step")) if restored else None
         reached = _reached(failed)
-        replayed = (reached - restored_step if reached is not None and restored_step is not None
-                    else (reached + 1 if reached is not None and restored is None and nxt else 0))
+        # steps done again = from the first step the next attempt reported up to the highest
+        # step the failed one is known to have reached
+        restart_step = _int(first_steps[0].get("first_step")) if first_steps else None
+        if restart_step is None and restored_step is not None:
+            restart_step = restored_step + 1
+        replayed = 0
+        if reached is not None and restart_step is not None:
+            replayed = reached - restart_step + 1
         stall = next((f for f in failures if f.get("kind") == "stall_detected"), None)
         detection = stall.get("timeout_s") if stall else None
         out.append({
@@ -184,20 +207,27 @@ def _throughput(steps, t0) -> list[dict[str, Any]]:
             out.append({"time": t - t0, "attempt": a,
                         "steps_per_s": max(last - prev[a][1], 0) / (t - prev[a][0])})
         prev[a] = (t, last)
-    return out
+    return thin(out)
 
 
 def _metric(steps, name) -> dict[str, Any]:
     lead = _lead_rank(steps)
-    series: dict[int, list[list[Any]]] = defaultdict(list)
+    series: dict[int, list[Any]] = defaultdict(list)
     for s in steps:
         a = _int(s.get("attempt"))
-        if a is None or _int(s.get("rank")) != lead.get(a) or s.get("metric") != name:
+        samples = s.get("samples")
+        if (a is None or not samples or _int(s.get("rank")) != lead.get(a)
+                or s.get("metric") != name or not isinstance(samples, list)):
             continue
-        for point in s.get("samples") or ():
-            if isinstance(point, (list, tuple)) and len(point) == 2:
-                series[a].append([point[0], point[1] if isinstance(point[1], (int, float)) else None])
-    return {"name": name, "series": [{"attempt": a, "points": pts} for a, pts in sorted(series.items())]}
+        series[a].extend(samples)
+    total = sum(len(p) for p in series.values()) or 1
+    out = []
+    for a, pts in sorted(series.items()):
+        kept = thin(pts, max(200, MAX_POINTS * len(pts) // total))
+        out.append({"attempt": a, "points": [
+            [p[0], p[1] if isinstance(p[1], (int, float)) else None] for p in kept
+            if isinstance(p, (list, tuple)) and len(p) == 2]})
+    return {"name": name, "series": out}
 
 
 def _summary(events, data, steps, t0) -> dict[str, Any]:

@@ -65,8 +65,8 @@ class WorkerSession:
         self.load_count = 0
         self.fs: Any = None
         """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
-        self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,
-                               metric=guard.health.watch_metrics[0])
+        self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
+                               metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
 
     # -- coordinator helpers --------------------------------------------------------------
     def _claim(self, key: str) -> bool:

@@ -23,6 +23,8 @@ def test_causes():
     assert failure_cause([_ev("worker_died", detail="InjectedFault: boom")]) == "error"
     assert failure_cause([_ev("worker_died", detail="x", details="torch.OutOfMemoryError: CUDA out of memory")]) == "oom"
     assert failure_cause([_ev("worker_died", detail="NodeDiedError: node was preempted")]) == "preemption"
+    assert failure_cause([_ev("worker_died", detail="rank 1 failed: WorkerHealthCheckFailedError: "
+                              "A worker health check failed.")]) == "kill"
     assert failure_cause([]) == "unknown"
 
 
