@@ -75,7 +75,7 @@ def timeline_figure(data: dict[str, Any]) -> Any:
     bands = []  # plain layout shapes: add_vrect(row="all") is slow with many attempts
     for a in data["attempts"]:
         color = _ATTEMPT_COLORS[a["attempt"] % len(_ATTEMPT_COLORS)]
-        bands.append(_band(a["start"], a["end"], color, 0.35))
+        bands += _band(a["start"], a["end"], color, 0.35)
         fig.add_trace(go.Bar(
             x=[max(a["end"] - a["start"], 1e-3)], base=[a["start"]], y=["attempts"],
             orientation="h", marker_color=color, marker_line_color="#555", marker_line_width=1,
@@ -103,7 +103,7 @@ def timeline_figure(data: dict[str, Any]) -> Any:
     restarts = data["restarts"]
     for r in restarts:  # from the failure to the first step after the restart: time lost
         if r.get("resumed_time") is not None:
-            bands.append(_band(r["failure_time"], r["resumed_time"], "#d62728", 0.12))
+            bands += _band(r["failure_time"], r["resumed_time"], "#d62728", 0.08)
     if restarts:
         fig.add_trace(go.Scatter(
             x=[r["time"] for r in restarts], y=["restarts"] * len(restarts), mode="markers+text",
@@ -130,9 +130,11 @@ def timeline_figure(data: dict[str, Any]) -> Any:
     return fig
 
 
-def _band(x0: float, x1: float, color: str, opacity: float) -> dict[str, Any]:
-    return {"type": "rect", "xref": "x", "yref": "paper", "x0": x0, "x1": x1, "y0": 0, "y1": 1,
-            "fillcolor": color, "opacity": opacity, "line": {"width": 0}, "layer": "below"}
+def _band(x0: float, x1: float, color: str, opacity: float) -> list[dict[str, Any]]:
+    """One vertical band over the three plot areas (not the titles between them)."""
+    return [{"type": "rect", "xref": "x", "yref": f"{axis} domain", "x0": x0, "x1": x1, "y0": 0,
+             "y1": 1, "fillcolor": color, "opacity": opacity, "line": {"width": 0},
+             "layer": "below"} for axis in ("y", "y2", "y3")]
 
 
 def _restart_label(r: dict[str, Any]) -> str:
