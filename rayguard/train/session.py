@@ -116,16 +116,22 @@ class WorkerSession:
             self.forwarder.close(timeout_s)
         finally:
             self.watchdog.stop()
-            self._send_summary(self.timer.take())
+            # the last summary is in the log before fit() records "finished"
+            self._send_summary(self.timer.take(), wait_s=10.0)
 
-    def _send_summary(self, summary: dict[str, Any] | None) -> None:
-        """Step timing to the coordinator, fire-and-forget (see rayguard.observe.steps)."""
+    def _send_summary(self, summary: dict[str, Any] | None, wait_s: float | None = None) -> None:
+        """Step timing to the coordinator, fire-and-forget unless ``wait_s`` (see
+        rayguard.observe.steps)."""
         if summary is None or self.coordinator is None:
             return
         summary.update(rank=self.ctx.rank, node=self.ctx.node_id, attempt=self.ctx.attempt,
                        gpu_ids=list(self.ctx.gpu_ids or ()), time=time.time())
         try:
-            self.coordinator.step_summary.remote(summary)
+            ref = self.coordinator.step_summary.remote(summary)
+            if wait_s is not None:
+                import ray
+
+                ray.get(ref, timeout=wait_s)
         except Exception as exc:  # observing must never break the loop
             logger.debug("rayguard: step summary not sent: %s", exc)
 
