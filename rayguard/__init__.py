@@ -25,7 +25,8 @@ def __getattr__(name: str) -> Any:
         from rayguard.trainer import RobustTrainer
 
         return RobustTrainer
-    if name in ("checkpoint", "doctor", "elastic", "events", "serialization", "testing", "tune"):
+    if name in ("checkpoint", "doctor", "elastic", "events", "observe", "serialization", "testing",
+                "tune"):
         import importlib
 
         return importlib.import_module(f"rayguard.{name}")

@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "rayguard.checkpoint.cli",   # rayguard checkpoint verify|ls
     "rayguard.doctor.cli",       # rayguard doctor
     "rayguard.placement.cli",    # rayguard topology
+    "rayguard.observe.cli",      # rayguard events|report
 )
 
 

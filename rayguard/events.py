@@ -4,7 +4,8 @@ One JSON object a line with at least ``time``, ``kind``, ``rank``, ``node``, ``s
 ``attempt`` and a human ``detail``. Kinds: ``start``, ``attempt_started``,
 ``checkpoint_committed``, ``checkpoint_rejected``, ``stall_detected``, ``nan_detected``,
 ``worker_died``, ``restart``, ``restored``, ``failed``, ``finished`` (and ``preflight_error``,
-``fault_injected``, ``crash_loop``, ``not_retried``). A person should be able to tell what happened from this file alone.
+``fault_injected``, ``crash_loop``, ``not_retried``, and from :mod:`rayguard.observe` ``steps``
+and ``straggler``). A person should be able to tell what happened from this file alone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ KINDS = (
     "start", "attempt_started", "checkpoint_committed", "checkpoint_rejected",
     "stall_detected", "nan_detected", "worker_died", "restart", "restored", "failed",
     "finished", "preflight_error", "fault_injected", "crash_loop", "not_retried",
+    "steps", "straggler",  # rayguard.observe: per-rank step timing summaries, slow ranks
 )
 
 
@@ -90,3 +92,11 @@ def _read_remote(path: str, filesystem: Any) -> list[dict[str, Any]]:
         path = f"{path.rstrip('/')}/{EVENTS_FILENAME}"
     with filesystem.open_input_stream(path) as f:
         return _parse(f.read().decode("utf-8"))
+
+
+if __name__ == "__main__":  # python -m rayguard.events RUN_DIR [--follow] [--kind K] ...
+    import sys
+
+    from rayguard.observe.cli import events_main
+
+    sys.exit(events_main())

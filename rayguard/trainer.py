@@ -151,7 +151,11 @@ class RobustTrainer(TorchTrainer):
         else:  # written locally, uploaded into the run directory when fit() ends
             events_file = os.path.join(tempfile.mkdtemp(prefix="rayguard-events-"),
                                        EVENTS_FILENAME)
-        self._coordinator = start_coordinator(events_file)
+        health = self.guard_config.health
+        self._coordinator = start_coordinator(events_file, observe={
+            "run": os.path.basename(run_dir.rstrip("/")) or "run",
+            "straggler_threshold": health.straggler_threshold,
+            "straggler_window_s": health.straggler_window_s})
         coordinator = self._coordinator
         saved_env = self._set_env()
         if self._budget_note:

@@ -52,6 +52,24 @@ class HealthConfig:
     """Restarts allowed (health restarts; also Ray's ``max_failures`` when the user gave no
     ``FailureConfig``)."""
 
+    # -- step timing and stragglers (rayguard.observe) ----------------------------------------
+    step_summary_interval_s: float = 5.0
+    """Each rank sends its step-time summary to the run's coordinator at most this often
+    (fire-and-forget; nothing is sent per report). Also the resolution of the steps/s and
+    loss curves in ``rayguard report``."""
+
+    straggler_threshold: float | None = 1.5
+    """A rank whose mean step time over ``straggler_window_s`` is at least this many times
+    its peers' median is reported as a ``straggler``. 1.5: a synchronous job runs at its
+    slowest rank's pace, so such a rank costs a third of the throughput, while GC pauses,
+    data-loader jitter and checkpoint writes move a one-minute mean by a few percent.
+    ``None`` turns detection off (timings are still sent and exported)."""
+
+    straggler_window_s: float = 60.0
+    """Seconds of step times compared (a sliding window); a rank must have been observed for
+    a whole window before it can be flagged, so one slow step or a slow start never is.
+    Must be >= ``step_summary_interval_s``."""
+
     # -- checks that look at a trial's series of results (rayguard.tune) ---------------------
     mode: Mode = "min"
     """Whether the first watched metric is minimised or maximised (for divergence)."""
@@ -118,7 +136,29 @@ class HealthConfig:
             raise config_error("HealthConfig", "max_restarts", self.max_restarts,
                                "must be an int >= 0", "pass e.g. max_restarts=3")
 
+        self._check_timing_fields()
         self._check_series_fields()
+
+    def _check_timing_fields(self) -> None:
+        for name in ("step_summary_interval_s", "straggler_window_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and value > 0 and math.isfinite(value)):
+                raise config_error("HealthConfig", name, value, "must be a finite number of "
+                                   "seconds > 0", f"pass e.g. {name}="
+                                   f"{5.0 if name == 'step_summary_interval_s' else 60.0}")
+        threshold = self.straggler_threshold
+        if threshold is not None and not (isinstance(threshold, (int, float))
+                                          and not isinstance(threshold, bool)
+                                          and 1 < threshold < float("inf")):
+            raise config_error("HealthConfig", "straggler_threshold", threshold,
+                               "must be a ratio > 1 or None",
+                               "pass e.g. straggler_threshold=1.5, or None to turn it off")
+        if self.straggler_window_s < self.step_summary_interval_s:
+            raise config_error("HealthConfig", "straggler_window_s", self.straggler_window_s,
+                               f"must be >= step_summary_interval_s={self.step_summary_interval_s}"
+                               " (the window must hold at least one summary of each rank)",
+                               "use a window of several intervals, e.g. 60 with an interval of 5")
 
     def _check_series_fields(self) -> None:
         if self.mode not in ("min", "max"):

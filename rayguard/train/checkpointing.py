@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -176,6 +177,7 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any
     from rayguard.checkpoint.remote import is_local
 
     ctx = session.ctx
+    started = time.perf_counter()
     tag = f"report{session.report_count}"
     first = session.report_count == 1
     facts = None
@@ -223,7 +225,8 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any
     checkpoint = _commit(session, final, records, step, described)
     total = sum(f.size_bytes for r in records for f in r.files)
     session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
-                   f"{len(records)} shard(s))", step=step, path=final, bytes=total)
+                   f"{len(records)} shard(s))", step=step, path=final, bytes=total,
+                   seconds=round(time.perf_counter() - started, 6))
     return checkpoint
 
 

@@ -13,14 +13,16 @@ from typing import Any
 
 from rayguard.events import EventLog
 from rayguard.health.crash_loop import FailureRecord, crash_loop
+from rayguard.observe.observer import RunObserver
 from rayguard.progress import NOTABLE_KINDS
 
 
 class RunCoordinator:
     """The actor body. Create it with :func:`start_coordinator`."""
 
-    def __init__(self, events_file: str) -> None:
+    def __init__(self, events_file: str, observe: dict[str, Any] | None = None) -> None:
         self._log = EventLog(events_file)
+        self._observer = RunObserver(**(observe or {"run": "run", "metrics": None}))
         self._attempt = -1
         self._claims: set[str] = set()
         self._rejected: dict[str, str] = {}
@@ -52,7 +54,15 @@ class RunCoordinator:
             self._progress["checkpoint_step"] = event.get("step")
         if event.get("kind") in NOTABLE_KINDS:
             self._notable.append(event)
+        self._observer.annotate(event)
         self._log.append(event)
+        self._observer.emit(event)
+
+    def step_summary(self, summary: dict[str, Any]) -> None:
+        """A rank's step timing since its last summary (fire-and-forget from the worker):
+        logged as a ``steps`` event, exported as metrics, checked for stragglers."""
+        for event in self._observer.on_summary(summary):
+            self.record(event)
 
     def notable_events(self, since: int = 0) -> list[dict[str, Any]]:
         """Events a person must see, from index ``since`` on (the driver prints them)."""
@@ -136,12 +146,13 @@ class RunCoordinator:
             return values
 
 
-def start_coordinator(events_file: str):
-    """Start the run's coordinator on the driver's node (no CPU reserved)."""
+def start_coordinator(events_file: str, observe: dict[str, Any] | None = None):
+    """Start the run's coordinator on the driver's node (no CPU reserved). ``observe``: the
+    :class:`~rayguard.observe.observer.RunObserver` arguments (run name, straggler rule)."""
     import ray
     from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]
 
     node_id = ray.get_runtime_context().get_node_id()
     return ray.remote(RunCoordinator).options(
         num_cpus=0, max_concurrency=1024, label_selector={RAY_NODE_ID_KEY: node_id},
-    ).remote(events_file)
+    ).remote(events_file, observe)

@@ -16,6 +16,7 @@ from rayguard.events import make_event
 from rayguard.exceptions import NonFiniteMetricError, RayGuardError
 from rayguard.health.decisions import Decision, check_finite
 from rayguard.health.watchdog import Watchdog
+from rayguard.observe.steps import StepTimer
 from rayguard.testing.faults import Fault, FaultInjector
 from rayguard.train.context import GuardContext
 from rayguard.train.forwarder import Forwarder
@@ -67,6 +68,8 @@ class WorkerSession:
         self.load_count = 0
         self.fs: Any = None
         """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
+        self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
+                               metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
 
     # -- coordinator helpers --------------------------------------------------------------
     def _claim(self, key: str) -> bool:
@@ -158,6 +161,24 @@ class WorkerSession:
             self._send_progress(final=True)
         finally:
             self.watchdog.stop()
+            # the last summary is in the log before fit() records "finished"
+            self._send_summary(self.timer.take(), wait_s=10.0)
+
+    def _send_summary(self, summary: dict[str, Any] | None, wait_s: float | None = None) -> None:
+        """Step timing to the coordinator, fire-and-forget unless ``wait_s`` (see
+        rayguard.observe.steps)."""
+        if summary is None or self.coordinator is None:
+            return
+        summary.update(rank=self.ctx.rank, node=self.ctx.node_id, attempt=self.ctx.attempt,
+                       gpu_ids=list(self.ctx.gpu_ids or ()), time=time.time())
+        try:
+            ref = self.coordinator.step_summary.remote(summary)
+            if wait_s is not None:
+                import ray
+
+                ray.get(ref, timeout=wait_s)
+        except Exception as exc:  # observing must never break the loop
+            logger.debug("rayguard: step summary not sent: %s", exc)
 
     def _send_progress(self, *, final: bool = False) -> None:
         """Rank 0's latest step and metrics to the coordinator (the driver's progress line,
@@ -188,6 +209,7 @@ class WorkerSession:
 
     def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
                sharded: Any = None) -> None:
+        started = time.perf_counter()
         metrics = {k: _plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)
@@ -205,6 +227,9 @@ class WorkerSession:
         self.forwarder.submit(_forward, metrics, checkpoint)
         self._last_metrics = metrics
         self._send_progress()
+        summary = self.timer.on_report(step, metrics, time.perf_counter() - started)
+        if summary is not None:
+            self._send_summary(summary)
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
         health = self.guard.health

@@ -1,0 +1,94 @@
+"""``rayguard events RUN_DIR [--follow] [--kind K] [--rank R] [--json]`` and
+``rayguard report RUN_DIR [-o report.html] [--metric NAME]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rayguard.observe.log import follow, locate, read_log
+from rayguard.observe.table import Filter, format_event, header
+
+
+def register(subparsers: Any) -> None:
+    p_events = subparsers.add_parser(
+        "events", help="print a run's (or sweep's) event log as a table; --follow tails a live run")
+    add_events_arguments(p_events)
+    p_events.set_defaults(func=cmd_events)
+
+    p_report = subparsers.add_parser(
+        "report", help="write one self-contained HTML report (timeline, loss, summary) of a run")
+    p_report.add_argument("run_dir", help="run directory (Result.path), sweep directory, or URI")
+    p_report.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    p_report.add_argument("--json", action="store_true",
+                          help='print {"ok", "path"} or {"ok": false, "error"} as JSON')
+    p_report.add_argument("--metric", default=None,
+                          help="metric to plot over steps (default: the first watched metric)")
+    p_report.set_defaults(func=cmd_report)
+
+
+def add_events_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="run directory (Result.path), sweep directory, the "
+                        "JSONL file, or a URI such as s3://bucket/run")
+    parser.add_argument("--follow", "-f", action="store_true",
+                        help="keep printing new events until interrupted (a live run)")
+    parser.add_argument("--kind", "-k", action="append", default=[],
+                        help="only this kind (repeatable), e.g. --kind restart --kind worker_died")
+    parser.add_argument("--rank", "-r", type=int, default=None,
+                        help="only this rank (events of the whole group are kept)")
+    parser.add_argument("--json", action="store_true", help="one JSON object a line")
+    parser.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    try:
+        source = locate(args.run_dir)
+    except FileNotFoundError as exc:
+        print(f"rayguard events: {exc}", file=sys.stderr)
+        return 2
+    keep = Filter(kinds=tuple(args.kind), rank=args.rank)
+    if not args.json:
+        print(header(sweep=source.kind == "sweep"))
+    t0: float | None = None
+    try:
+        events = follow(source, poll_s=args.poll_s) if args.follow else iter(read_log(source).events)
+        for event in events:
+            if t0 is None and isinstance(event.get("time"), (int, float)):
+                t0 = float(event["time"])
+            if keep.keep(event):
+                print(format_event(event, t0 or 0.0, as_json=args.json), flush=args.follow)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `rayguard events ... | head`
+        return 0
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rayguard.observe.report import ReportDependencyError, write_report
+
+    def fail(exc: Exception, code: int) -> int:
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": str(exc)}))
+        print(f"rayguard report: {exc}", file=sys.stderr)
+        return code
+
+    try:
+        path = write_report(args.run_dir, args.output, metric=args.metric)
+    except FileNotFoundError as exc:
+        return fail(exc, 2)
+    except ReportDependencyError as exc:
+        return fail(exc, 3)
+    print(json.dumps({"ok": True, "path": str(path)}) if getattr(args, "json", False)
+          else f"wrote {path}")
+    return 0
+
+
+def events_main(argv: list[str] | None = None) -> int:
+    """``python -m rayguard.events RUN_DIR ...``: the same as ``rayguard events``."""
+    parser = argparse.ArgumentParser(prog="python -m rayguard.events",
+                                     description="print a rayguard event log as a table")
+    add_events_arguments(parser)
+    return cmd_events(parser.parse_args(argv))

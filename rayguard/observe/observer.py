@@ -1,0 +1,88 @@
+"""RunObserver: the observability adapter inside the run's coordinator actor.
+
+Every event the coordinator records passes through it: a ``restart`` gets its ``cause``
+(from the failed attempt's events), a ``restored`` its ``fallback`` flag, and each event
+becomes metric updates. Step summaries from the ranks become ``steps`` events, gauges and,
+through the straggler rule, ``straggler`` events. A metrics failure is logged, never raised:
+observing must not break the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from rayguard.events import make_event
+from rayguard.observe.causes import FAILURE_KINDS, failure_cause
+from rayguard.observe.metrics import RayMetrics, Update, event_updates, summary_updates
+from rayguard.observe.straggler import StragglerDetector, describe, verdict_fields
+
+logger = logging.getLogger("rayguard")
+
+
+class RunObserver:
+    def __init__(self, run: str, *, straggler_threshold: float | None = 1.5,
+                 straggler_window_s: float = 60.0, metrics: Any = "ray") -> None:
+        self.metrics = RayMetrics(run) if metrics == "ray" else metrics
+        self.detector = StragglerDetector(straggler_threshold, straggler_window_s)
+        self._failures: dict[int, list[dict[str, Any]]] = {}
+        self._rejected_since_restore = 0
+        self._lock = threading.Lock()
+
+    # -- events ----------------------------------------------------------------------------
+    def annotate(self, event: dict[str, Any]) -> None:
+        """Add what only the whole run knows, before the event is written."""
+        kind = event.get("kind")
+        with self._lock:
+            attempt = event.get("attempt")
+            if kind in FAILURE_KINDS and isinstance(attempt, int):
+                self._failures.setdefault(attempt, []).append(event)
+            elif kind == "restart" and "cause" not in event:
+                event["cause"] = failure_cause(self._failures.get(attempt, []))  # type: ignore[arg-type]
+            elif kind == "checkpoint_rejected":
+                self._rejected_since_restore += 1
+            elif kind == "restored":
+                event.setdefault("fallback", self._rejected_since_restore > 0)
+                self._rejected_since_restore = 0
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self._apply(event_updates(event))
+
+    # -- step summaries ----------------------------------------------------------------------
+    def on_summary(self, summary: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events one rank's summary produces (a ``steps`` event, maybe ``straggler``)."""
+        rank = int(summary.get("rank", -1))
+        attempt = int(summary.get("attempt") or 0)
+        now = float(summary.get("time") or time.time())
+        gpu_ids = tuple(summary.get("gpu_ids") or ())
+        with self._lock:
+            verdicts = self.detector.add(
+                rank=rank, attempt=attempt, time=now, intervals=int(summary.get("intervals", 0)),
+                step_time_sum_s=float(summary.get("step_time_sum_s", 0.0)),
+                node=summary.get("node"), gpu_ids=gpu_ids, first_time=summary.get("first_time"))
+            score = self.detector.scores().get(rank)
+        self._apply(summary_updates(rank, summary, score))
+        fields = {k: v for k, v in summary.items()
+                  if k not in ("rank", "node", "attempt", "time", "kind", "detail", "step")}
+        mean = (summary["step_time_sum_s"] / summary["intervals"]) if summary.get("intervals") else None
+        detail = (f"rank {rank}: steps {summary.get('first_step')}..{summary.get('last_step')}, "
+                  f"{summary.get('reports')} report(s)"
+                  + (f", mean step {mean * 1e3:.2f} ms" if mean is not None else ""))
+        events = [make_event("steps", detail, rank=rank, node=summary.get("node"),
+                             step=summary.get("last_step"), attempt=attempt,
+                             straggler_score=score, **fields)]
+        for v in verdicts:
+            events.append(make_event("straggler", describe(v), rank=v.rank, node=v.node,
+                                     step=summary.get("last_step"), attempt=attempt,
+                                     **verdict_fields(v)))
+        return events
+
+    def _apply(self, updates: list[Update]) -> None:
+        if not updates or self.metrics is None:
+            return
+        try:
+            self.metrics.apply(updates)
+        except Exception as exc:  # observing must never break the run
+            logger.warning("rayguard: could not update metrics: %s", exc)

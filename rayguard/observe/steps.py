@@ -1,0 +1,101 @@
+"""Worker-side step timing: what each rank sends to the run's coordinator, at most every
+``HealthConfig.step_summary_interval_s`` seconds, fire-and-forget.
+
+A report costs two clock reads and a few additions here; nothing is sent per report. The
+step time of a rank is the wall time between two consecutive reports (the first report of an
+attempt starts the clock). A summary also carries a thinned sample of one metric (the loss)
+so the report can draw it over steps without a line per step in the log.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+MAX_SAMPLES = 64
+"""Metric samples per summary; more are thinned by doubling the stride."""
+
+
+class StepTimer:
+    """Accumulates one rank's step times and report latencies between summaries."""
+
+    def __init__(self, *, interval_s: float, metric: str | None = "loss",
+                 clock: Callable[[], float] = time.perf_counter,
+                 wall: Callable[[], float] = time.time, max_samples: int = MAX_SAMPLES) -> None:
+        self.interval_s = interval_s
+        self.metric = metric
+        self._clock = clock
+        self._wall = wall
+        self._max_samples = max_samples
+        self._last_report: float | None = None
+        self._last_sent: float | None = None
+        self._stride = 1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.reports = 0
+        self.intervals = 0
+        self.step_time_sum_s = 0.0
+        self.step_time_max_s = 0.0
+        self.blocked_sum_s = 0.0
+        self.blocked_max_s = 0.0
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.first_time: float | None = None
+        self.samples: list[list[float]] = []
+        self._seen = 0
+
+    def on_report(self, step: int, metrics: dict[str, Any], blocked_s: float) -> dict[str, Any] | None:
+        """Account one report; returns a summary when one is due (the first report of the
+        session, then every ``interval_s``), else None."""
+        now = self._clock()
+        if self._last_report is not None:
+            dt = now - self._last_report - blocked_s  # this report's own blocking is not the step
+            dt = max(dt, 0.0)
+            self.intervals += 1
+            self.step_time_sum_s += dt
+            self.step_time_max_s = max(self.step_time_max_s, dt)
+        self._last_report = now
+        self.reports += 1
+        self.blocked_sum_s += blocked_s
+        self.blocked_max_s = max(self.blocked_max_s, blocked_s)
+        if self.first_step is None:
+            self.first_step = step
+            self.first_time = self._wall()
+        self.last_step = step
+        self._sample(step, metrics)
+        if self._last_sent is None or now - self._last_sent >= self.interval_s:
+            self._last_sent = now
+            return self.take()
+        return None
+
+    def _sample(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.metric is None:
+            return
+        value = metrics.get(self.metric)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return
+        self._seen += 1
+        if (self._seen - 1) % self._stride:
+            return
+        self.samples.append([step, float(value) if math.isfinite(value) else str(value)])  # type: ignore[list-item]
+        if len(self.samples) >= 2 * self._max_samples:
+            self.samples = self.samples[::2]
+            self._stride *= 2
+
+    def take(self) -> dict[str, Any] | None:
+        """The summary since the last one (None when nothing was reported)."""
+        if self.reports == 0:
+            return None
+        summary = {
+            "reports": self.reports, "intervals": self.intervals,
+            "step_time_sum_s": self.step_time_sum_s, "step_time_max_s": self.step_time_max_s,
+            "blocked_sum_s": self.blocked_sum_s, "blocked_max_s": self.blocked_max_s,
+            "first_step": self.first_step, "last_step": self.last_step,
+            "first_time": self.first_time, "metric": self.metric, "samples": self.samples,
+        }
+        self._reset()
+        self._stride = 1
+        return summary

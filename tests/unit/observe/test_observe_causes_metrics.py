@@ -1,0 +1,94 @@
+"""Restart causes, the event -> metric mapping and the coordinator-side observer (no Ray)."""
+
+from __future__ import annotations
+
+from rayguard.observe.causes import failure_cause
+from rayguard.observe.metrics import SPECS, event_updates, summary_updates
+from rayguard.observe.observer import RunObserver
+
+RAY_DEATH = ("rank 1 failed: ActorDiedError: The actor died unexpectedly before finishing this "
+             "task. The actor is dead because its worker process has died. Some common causes "
+             "include: (1) the process was killed by the OOM killer due to high memory usage")
+
+
+def _ev(kind, **kw):
+    return {"time": 0.0, "kind": kind, "rank": None, "node": None, "step": None, "attempt": 0,
+            "detail": "", **kw}
+
+
+def test_causes():
+    assert failure_cause([_ev("worker_died", detail=RAY_DEATH)]) == "kill"
+    assert failure_cause([_ev("stall_detected"), _ev("worker_died", detail=RAY_DEATH)]) == "hang"
+    assert failure_cause([_ev("nan_detected"), _ev("worker_died", detail="NonFiniteMetricError")]) == "nan"
+    assert failure_cause([_ev("worker_died", detail="InjectedFault: boom")]) == "error"
+    assert failure_cause([_ev("worker_died", detail="x", details="torch.OutOfMemoryError: CUDA out of memory")]) == "oom"
+    assert failure_cause([_ev("worker_died", detail="NodeDiedError: node was preempted")]) == "preemption"
+    assert failure_cause([_ev("worker_died", detail="rank 1 failed: WorkerHealthCheckFailedError: "
+                              "A worker health check failed.")]) == "kill"
+    assert failure_cause([]) == "unknown"
+
+
+def test_metric_names_follow_prometheus_conventions():
+    for spec in SPECS.values():
+        assert spec.name.startswith("rayguard_") and not spec.name.endswith("_total")
+        assert spec.exported.startswith("ray_rayguard_")
+        if spec.type == "counter":
+            assert spec.exported.endswith("_total")
+        if "seconds" in spec.name or "bytes" in spec.name:
+            assert spec.name.endswith(("_seconds", "_bytes"))
+    assert SPECS["rayguard_restarts"].exported == "ray_rayguard_restarts_total"
+
+
+def test_event_updates():
+    (u,) = event_updates(_ev("restart", cause="kill"))
+    assert u.name == "rayguard_restarts" and dict(u.tags) == {"cause": "kill"}
+    names = [u.name for u in event_updates(_ev("checkpoint_committed", bytes=100, seconds=0.5))]
+    assert names == ["rayguard_checkpoints_committed", "rayguard_checkpoint_bytes",
+                     "rayguard_checkpoint_seconds", "rayguard_checkpoint_seconds"]
+    assert event_updates(_ev("steps")) == [] and event_updates(_ev("a_kind_from_the_future")) == []
+    gauges = summary_updates(1, {"intervals": 4, "step_time_sum_s": 2.0, "reports": 4,
+                                 "blocked_sum_s": 0.04}, 2.5)
+    assert {u.name: u.value for u in gauges} == {
+        "rayguard_step_time_seconds": 0.5, "rayguard_report_latency_seconds": 0.01,
+        "rayguard_straggler_score": 2.5}
+
+
+class FakeMetrics:
+    def __init__(self):
+        self.updates = []
+
+    def apply(self, updates):
+        self.updates += updates
+
+
+def test_observer_annotates_restarts_and_fallbacks_and_emits_metrics():
+    metrics = FakeMetrics()
+    obs = RunObserver("run", metrics=metrics)
+    for event in (_ev("stall_detected", rank=0), _ev("worker_died", detail=RAY_DEATH),
+                  _ev("restart"), _ev("checkpoint_rejected", attempt=1), _ev("restored", attempt=1),
+                  _ev("restored", attempt=2)):
+        obs.annotate(event)
+        obs.emit(event)
+        if event["kind"] == "restart":
+            assert event["cause"] == "hang"
+        if event["kind"] == "restored":
+            assert event["fallback"] is (event["attempt"] == 1)
+    names = [u.name for u in metrics.updates]
+    assert names == ["rayguard_stalls", "rayguard_restarts", "rayguard_checkpoints_rejected",
+                     "rayguard_checkpoint_fallbacks"]
+
+
+def test_observer_turns_summaries_into_steps_and_straggler_events():
+    obs = RunObserver("run", straggler_threshold=1.5, straggler_window_s=2.0, metrics=FakeMetrics())
+    kinds = []
+    for t in range(1, 6):
+        for rank, step_s in ((0, 0.01), (1, 0.03)):
+            for e in obs.on_summary({"rank": rank, "attempt": 0, "time": float(t), "node": "n",
+                                     "gpu_ids": [], "intervals": 10, "step_time_sum_s": 10 * step_s,
+                                     "reports": 10, "blocked_sum_s": 0.0, "first_step": 0,
+                                     "last_step": 9, "first_time": 0.0, "samples": []}):
+                kinds.append((e["kind"], e["rank"]))
+                if e["kind"] == "straggler":
+                    assert abs(e["ratio"] - 3.0) < 1e-6 and "rank 1" in e["detail"]
+    assert kinds.count(("straggler", 1)) == 1 and ("straggler", 0) not in kinds
+    assert kinds.count(("steps", 0)) == 5
