@@ -74,6 +74,7 @@ def main() -> None:
     print("look inside:")
     print(f"  {cli} checkpoint ls {result.path}")
     print(f"  {cli} events {result.path}")
+    print(f"  {cli} report {result.path} -o report.html   # needs rayguard[report] (plotly)")
 
 
 if __name__ == "__main__":
