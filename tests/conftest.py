@@ -66,7 +66,17 @@ def has_cuda() -> bool:
         return False
 
 
+RAY_TEST_TIMEOUT_S = 900
+"""Per-test limit for tests that start Ray clusters (the global one, 300 s, is for the rest).
+On a 2-core machine with another CPU-heavy job beside the suite, starting a worker group alone
+was measured at 2.5 minutes, so a test with a kill and a restart can pass 300 s without any
+hang; a real hang still fails, at 15 minutes."""
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/ray/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marker 'gpu')")
