@@ -88,14 +88,9 @@ def init_ray(address: str, *, found_automatically: bool) -> None:
     import ray
 
     if found_automatically:
-        try:
-            from ray._private.authentication.authentication_token_setup import (
-                maybe_enable_token_auth_if_token_available,
-            )
-        except ImportError:  # another Ray version: ray.init's own behaviour applies
-            pass
-        else:
-            maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        from rayguard._ray_internals import enable_default_token_auth
+
+        enable_default_token_auth()
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
 
 
