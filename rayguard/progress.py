@@ -63,7 +63,10 @@ class ProgressPrinter:
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._events_seen = 0
-        self._last: tuple[Any, float] | None = None  # (step, time) of the last printed line
+        self._printed: tuple[int, float] | None = None
+        """(step, the worker's time of it) of the last line printed."""
+        self._printed_at = float("-inf")
+        """``time.monotonic()`` here when that line was printed."""
         self._thread = threading.Thread(target=self._run, name="rayguard-progress", daemon=True)
 
     def start(self) -> ProgressPrinter:
@@ -79,7 +82,7 @@ class ProgressPrinter:
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self.interval_s)):
             self._poll_events()
-            if self._last is None or time.monotonic() - self._last[1] >= self.interval_s:
+            if time.monotonic() - self._printed_at >= self.interval_s:
                 self._poll_progress()
 
     def _poll_events(self) -> None:
@@ -104,11 +107,11 @@ class ProgressPrinter:
         if step is None or at is None:
             return
         rate = None
-        if self._last is not None and self._last[0] is not None and step != self._last[0]:
-            prev_step, prev_at = self._last[0]
+        if self._printed is not None:
+            prev_step, prev_at = self._printed
+            if step == prev_step:
+                return  # nothing new since the last line
             if isinstance(step, int) and at > prev_at and step > prev_step:
                 rate = (step - prev_step) / (at - prev_at)
-        if self._last is not None and self._last[0] is not None and self._last[0][0] == step:
-            return  # nothing new since the last line
-        self._last = ((step, at), time.monotonic())
+        self._printed, self._printed_at = (step, at), time.monotonic()
         logger.info("%s", progress_line(progress, rate))
