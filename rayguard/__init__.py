@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 from typing import TYPE_CHECKING, Any
 
 from rayguard import train
-from rayguard.config import GuardConfig
+from rayguard.config import CheckpointConfig, GuardConfig
 from rayguard.exceptions import ConfigError, RayGuardError
 from rayguard.health.config import HealthConfig
 
@@ -33,6 +33,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'rayguard' has no attribute {name!r}")
 
 __all__ = [
+    "CheckpointConfig",
     "ConfigError",
     "GuardConfig",
     "HealthConfig",

@@ -14,10 +14,36 @@ from rayguard.health.config import HealthConfig
 
 NumaMode = Literal["auto", "strict", "off"]
 LrScaling = Literal["none", "linear", "sqrt"]
+CheckpointMode = Literal["sync", "async"]
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``GuardConfig(checkpoint=CheckpointConfig(...))``."""
+
+    mode: CheckpointMode = "sync"
+    """``"sync"``: ``report(state=...)`` returns once the checkpoint is committed (or raises).
+    ``"async"``: it returns once this rank's state is snapshotted into host memory; hashing,
+    writing, fsync, the gather and the commit run in the background (at most one in flight),
+    and a background failure is raised at the next ``report`` or when the function returns."""
+
+    memory_tier: bool = False
+    """Also keep the newest committed checkpoint in Ray's object store, owned by the run's
+    coordinator (one snapshot per rank, freed when a newer one commits): after a worker
+    process crash, ``load_state()`` reads it from memory when it verifies, else from disk."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise config_error("CheckpointConfig", "mode", self.mode, 'must be "sync" or "async"',
+                               'pass mode="async" (snapshot, then persist in the background) '
+                               'or mode="sync"')
+        if not isinstance(self.memory_tier, bool):
+            raise config_error("CheckpointConfig", "memory_tier", self.memory_tier,
+                               "must be a bool", "pass memory_tier=True or False")
 
 
 @dataclass(frozen=True)
@@ -69,7 +95,15 @@ class GuardConfig:
     checkpoint) at most this often while ``fit()`` runs, and one line per restart, stall, NaN
     or rejected checkpoint as it happens. ``None``: print nothing."""
 
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """How ``report(state=...)`` persists: ``CheckpointConfig(mode="sync"|"async",
+    memory_tier=...)``."""
+
     def __post_init__(self) -> None:
+        if not isinstance(self.checkpoint, CheckpointConfig):
+            raise config_error("GuardConfig", "checkpoint", self.checkpoint,
+                               "must be a rayguard.CheckpointConfig",
+                               'pass checkpoint=rayguard.CheckpointConfig(mode="async")')
         if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**63):
             raise config_error("GuardConfig", "seed", self.seed, "must be an int in [0, 2**63) or None",
                                "pass e.g. seed=0, or seed=None to leave RNGs alone")

@@ -11,7 +11,7 @@ from rayguard.exceptions import ConfigError
 
 def test_public_names_are_pinned():
     assert sorted(rayguard.__all__) == sorted([
-        "ConfigError", "GuardConfig", "HealthConfig", "RayGuardError", "RobustTrainer",
+        "CheckpointConfig", "ConfigError", "GuardConfig", "HealthConfig", "RayGuardError", "RobustTrainer",
         "__version__", "train",
     ])
     assert sorted(rayguard.train.__all__) == sorted([
@@ -37,6 +37,7 @@ def test_robust_trainer_is_a_torch_trainer():
     ({"lr_scaling": "cubic"}, "GuardConfig(lr_scaling='cubic')"),
     ({"preflight": 1}, "GuardConfig(preflight=1)"),
     ({"controller_poll_interval_s": 0}, "GuardConfig(controller_poll_interval_s=0)"),
+    ({"checkpoint": {"mode": "async"}}, "GuardConfig(checkpoint="),
 ])
 def test_guard_config_errors_name_field_value_and_fix(kwargs, needle):
     with pytest.raises(ConfigError) as err:
@@ -69,3 +70,13 @@ def test_health_config_defaults_and_adaptive_timeout():
     assert h.stall_timeout_for(None) == h.stall_timeout_floor_s
     assert h.stall_timeout_for(100.0) == 1000.0  # 10 x the slowest step, above the floor
     assert HealthConfig(stall_timeout_s=5).stall_timeout_for(100.0) == 5.0
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"mode": "background"}, "CheckpointConfig(mode='background')"),
+    ({"memory_tier": "yes"}, "CheckpointConfig(memory_tier='yes')"),
+])
+def test_checkpoint_config_errors(kwargs, needle):
+    with pytest.raises(ConfigError) as err:
+        rayguard.CheckpointConfig(**kwargs)
+    assert needle in str(err.value) and "Fix:" in str(err.value)
