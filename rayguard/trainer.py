@@ -85,10 +85,9 @@ class RobustTrainer(TorchTrainer):
     @property
     def _remote_fs(self) -> Any:
         """The storage filesystem when it is remote (S3, GCS, ...), else None."""
-        from rayguard.checkpoint.remote import is_local
+        from rayguard.train.store import store_for
 
-        fs = self._rc.storage_context.storage_filesystem
-        return None if is_local(fs) else fs
+        return store_for(self.run_dir, self._rc.storage_context.storage_filesystem).fs
 
     # -- Ray Train hooks ----------------------------------------------------------------
     def _get_train_func(self):

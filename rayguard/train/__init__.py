@@ -63,9 +63,7 @@ def load_state(*, sharded: dict[str, Any] | None = None) -> Any:
     every file was verified before DCP reads it. The plain part is returned (``{}`` when the
     checkpoint has none); ``None`` still means a fresh start (nothing was loaded).
     """
-    from rayguard.train.checkpointing import load_state as _load
-
-    return _load(_session(), sharded)
+    return _session().load_state(sharded)
 
 
 def __getattr__(name: str) -> Any:

@@ -18,8 +18,10 @@ from rayguard.health.decisions import Decision, check_finite
 from rayguard.health.watchdog import Watchdog
 from rayguard.observe.steps import StepTimer
 from rayguard.testing.faults import Fault, FaultInjector
+from rayguard.train.collective import SessionCollective
 from rayguard.train.context import GuardContext
 from rayguard.train.forwarder import Forwarder
+from rayguard.train.store import CheckpointStore, LocalStore
 
 logger = logging.getLogger("rayguard")
 
@@ -66,10 +68,20 @@ class WorkerSession:
         self._progress_sent_at = float("-inf")
         self.report_count = 0
         self.load_count = 0
-        self.fs: Any = None
-        """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
+        self.store: CheckpointStore = LocalStore(ctx.run_dir)
+        """Where this run's checkpoints live (chosen once, at set-up: :func:`use_store`)."""
+        self.collective = SessionCollective(self)
+        """The ranks' agreement during checkpoints, in the training loop."""
         self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
                                metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
+
+    @property
+    def fs(self) -> Any:
+        """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
+        return self.store.fs
+
+    def use_store(self, store: CheckpointStore) -> None:
+        self.store = store
 
     # -- coordinator helpers --------------------------------------------------------------
     def _claim(self, key: str) -> bool:
@@ -114,8 +126,9 @@ class WorkerSession:
 
             ray.get(ref, timeout=10)
 
-    def gather(self, tag: str, value: Any) -> list[Any]:
-        """All ranks' values for ``tag`` (waiting for peers counts as progress)."""
+    def gather(self, tag: str, value: Any, *, feed_watchdog: bool = True) -> list[Any]:
+        """All ranks' values for ``tag`` (waiting for peers counts as progress unless
+        ``feed_watchdog`` is False: a background thread's gather)."""
         if self.coordinator is None or self.ctx.world_size == 1:
             return [value]
         import ray
@@ -129,7 +142,8 @@ class WorkerSession:
                 if result is None:
                     raise RayGuardError(f"rank {self.ctx.rank}: peers never reached {tag!r}")
                 return result
-            self.watchdog.heartbeat()
+            if feed_watchdog:
+                self.watchdog.heartbeat()
 
     def report_failure(self, exc: BaseException) -> None:
         """Tell the coordinator how this attempt ended (the crash-loop rule and the driver's
@@ -223,13 +237,31 @@ class WorkerSession:
         if self.ctx.world_size > 1 or state is not None or sharded is not None:
             from rayguard.train.checkpointing import maybe_checkpoint
 
-            checkpoint = maybe_checkpoint(self, state, step, sharded)
-        self.forwarder.submit(_forward, metrics, checkpoint)
+            committed = maybe_checkpoint(self.collective, self.store, state, step, sharded,
+                                         report_count=self.report_count, attempt=self.ctx.attempt)
+            checkpoint = None if committed is None else committed.path
+        self.forwarder.submit(_forward, metrics, checkpoint, self.store.fs)
         self._last_metrics = metrics
         self._send_progress()
         summary = self.timer.on_report(step, metrics, time.perf_counter() - started)
         if summary is not None:
             self._send_summary(summary)
+
+    def load_state(self, sharded: Any = None) -> Any:
+        """``rayguard.train.load_state()``: this rank's state from the newest checkpoint that
+        verifies (``None``: a fresh start)."""
+        from rayguard.train.checkpointing import load_state
+
+        self.injector.on_load()
+        self.load_count += 1
+        restored = load_state(self.collective, self.store, sharded, load_count=self.load_count,
+                              previous_rank=self.ctx.previous_rank)
+        self.watchdog.heartbeat()
+        if restored is None:
+            return None
+        if restored.step is not None:
+            self.last_step = restored.step
+        return restored.state
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
         health = self.guard.health
@@ -280,14 +312,18 @@ def _check_checkpointable(state: Any, rank: int) -> None:
             f"rank {rank}: report(state=...): {exc}") from None
 
 
-def _forward(metrics: dict[str, Any], checkpoint: Any) -> None:
+def _forward(metrics: dict[str, Any], path: str | None, fs: Any) -> None:
+    """Hand metrics, and the directory of a committed checkpoint, to ``ray.train.report``
+    (no upload: the checkpoint is already in the run directory)."""
     import ray.train
 
-    if checkpoint is None:
+    if path is None:
         ray.train.report(metrics)
         return
-    from ray.train import CheckpointUploadMode
+    from ray.train import Checkpoint, CheckpointUploadMode
 
+    checkpoint = Checkpoint.from_directory(path) if fs is None else Checkpoint(path=path,
+                                                                               filesystem=fs)
     ray.train.report(metrics, checkpoint=checkpoint,
                      checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 

@@ -21,6 +21,7 @@ from rayguard.train.context import GuardContext, set_context
 from rayguard.train.elastic_setup import apply_elastic, previous_assignment
 from rayguard.train.seeding import rank_seed, seed_everything
 from rayguard.train.session import WorkerSession
+from rayguard.train.store import CheckpointStore, store_for
 
 logger = logging.getLogger("rayguard")
 
@@ -128,14 +129,11 @@ def register_serializers(guard: GuardConfig) -> None:
     register_tensor_serializers()
 
 
-def _remote_fs() -> Any:
-    """The run's storage filesystem if it is remote, else None."""
+def _store(run_dir: str) -> CheckpointStore:
+    """The run's checkpoint store, chosen once from its storage filesystem."""
     import ray.train
 
-    from rayguard.checkpoint.remote import is_local
-
-    fs = ray.train.get_context().get_storage().storage_filesystem
-    return None if is_local(fs) else fs
+    return store_for(run_dir, ray.train.get_context().get_storage().storage_filesystem)
 
 
 class GuardedTrainFn:
@@ -175,7 +173,7 @@ class GuardedTrainFn:
         faults = parse_faults(";".join(filter(None, [self.guard.faults,
                                                      os.environ.get(FAULTS_ENV_VAR)])))
         session = WorkerSession(ctx, self.guard, self.coordinator, faults)
-        session.fs = _remote_fs()
+        session.use_store(_store(ctx.run_dir))
         session.start()  # the watchdog covers set-up too (floor covers start-up)
         try:
             _preflight(ctx, self.guard)

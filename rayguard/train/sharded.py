@@ -26,7 +26,8 @@ from rayguard.exceptions import CheckpointError
 
 if TYPE_CHECKING:
     from rayguard.checkpoint.manifest import ShardRecord
-    from rayguard.train.session import WorkerSession
+    from rayguard.train.collective import Collective
+    from rayguard.train.store import CheckpointStore
 
 
 def check_sharded_arg(sharded: Any) -> str | None:
@@ -173,102 +174,55 @@ def commit_sharded(final: str, records: list[ShardRecord], *, world_size: int, s
     return ck.commit(staging, final, records, world_size=world_size, step=step, metadata=meta)
 
 
-# -- the session side of report(sharded=...) / load_state(sharded=...) ---------------------
+# -- the worker side of load_state(sharded=...) -------------------------------------------
+# (the save side is protocol.save with write_rank as its DCP writer)
 
-def write_for_session(session: WorkerSession, payload: Any, final: str, sharded: Any) -> Any:
-    """``report(sharded=...)``'s write step: DCP into staging (collective), then this rank's
-    plain shard; returns the record of both, the meshes and the keys.
-
-    With a remote run filesystem each rank stages in a local temporary directory (DCP writes
-    this rank's files there, rank 0's also ``.metadata``), checks that it holds nothing
-    unhashed, and uploads; rank 0 then writes the manifest last (``commit_remote``)."""
-    import shutil
-    import tempfile
-
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint.remote import is_local, upload_shard
-
-    rank = session.ctx.rank
-    if is_local(session.fs):
-        record, meshes = write_rank(str(ck.staging_dir_for(final)), rank, sharded, payload)
-    else:
-        local = tempfile.mkdtemp(prefix="rayguard-stage-")
-        try:
-            record, meshes = write_rank(local, rank, sharded, payload)
-            dcp_records = [f for f in record.files if f.path.startswith(f"{DCP_DIR}/")]
-            extra = sorted(set(os.listdir(os.path.join(local, DCP_DIR)))
-                           - {f.path.removeprefix(f"{DCP_DIR}/") for f in dcp_records})
-            if extra:
-                raise CheckpointError(f"rank {rank}: DCP wrote files no rank hashed {extra[:5]}")
-            upload_shard(local, final, record, session.fs)
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
-    session.watchdog.heartbeat()
-    return record, meshes, sorted(sharded)
-
-
-def choose(session: WorkerSession) -> tuple[str, str] | None:
+def choose(collective: Collective, store: CheckpointStore, tag: str) -> tuple[str, str] | None:
     """Every rank: the newest checkpoint that verifies, as (its path, the local directory DCP
     reads), so that DCP, which may read any file when it reshards, reads only verified files.
     Rank 0 records rejections.
 
-    On a local or shared run directory each rank hashes its share of each candidate
-    (:func:`~rayguard.checkpoint.sharded.plan_verification`). On a remote filesystem each
-    rank downloads the candidate and verifies its own whole copy (the copy DCP will read);
-    the caller removes that copy."""
+    Each rank verifies its share through the store: on a local or shared run directory it
+    hashes its share of each candidate
+    (:func:`~rayguard.checkpoint.sharded.plan_verification`); on a remote filesystem it
+    downloads the candidate and verifies its own whole copy (the copy DCP will read); the
+    caller removes that copy."""
     import shutil
 
-    from rayguard import checkpoint as ck
-    from rayguard.checkpoint.fallback import Rejection, list_candidates, order_candidates
-    from rayguard.checkpoint.remote import download, is_local, list_remote
-    from rayguard.checkpoint.sharded import verify_share
-    from rayguard.exceptions import CheckpointCorruptError
-    from rayguard.train.checkpointing import _reject, _rejected, logger
+    from rayguard.checkpoint.fallback import Rejection
+    from rayguard.train import protocol
 
-    ctx, local_fs = session.ctx, is_local(session.fs)
-    tag = f"load{session.load_count}"
     candidates = None
-    if ctx.rank == 0:
-        skip = {os.path.realpath(p) if local_fs else p for p in _rejected(session)}
-        if local_fs:
-            ck.cleanup_staging(ctx.run_dir)
-            candidates = [str(c.path) for c in order_candidates(list_candidates(ctx.run_dir))
-                          if os.path.realpath(c.path) not in skip]
-        else:
-            candidates = [c.path for c in list_remote(ctx.run_dir, session.fs) if c.path not in skip]
-    candidates = session.gather(f"{tag}:candidates", candidates)[0]
+    if collective.rank == 0:
+        store.cleanup()
+        candidates = store.candidates(protocol.rejected(collective, store))
+    candidates = collective.gather(f"{tag}:candidates", candidates)[0]
     for i, cand in enumerate(candidates):
-        copy = cand
-        if local_fs:
-            problems_here = verify_share(cand, ctx.rank, ctx.world_size).problems
-        else:
-            try:
-                copy = download(cand, session.fs)
-                problems_here = ck.verify(copy).problems
-            except CheckpointCorruptError as exc:
-                copy, problems_here = "", (ck.Problem("rayguard_manifest.json", str(exc)),)
-        shares = session.gather(f"{tag}:verify{i}", problems_here)
+        problems_here, copy = store.verify_share(cand, collective.rank, collective.world_size)
+        shares = collective.gather(f"{tag}:verify{i}", problems_here)
         problems = tuple(dict.fromkeys(p for share in shares for p in share))
         if not problems:
             return str(cand), copy
         if copy and copy != cand:
             shutil.rmtree(copy, ignore_errors=True)
-        if ctx.rank == 0:
+        if collective.rank == 0:
             rejection = Rejection(cand, problems)
-            logger.warning("rayguard: skipping checkpoint %s; trying an older one",
-                           rejection.describe())
-            _reject(session, cand, rejection.describe(), persist=local_fs)
+            protocol.logger.warning("rayguard: skipping checkpoint %s; trying an older one",
+                                    rejection.describe())
+            protocol.reject(collective, store, cand, rejection.describe())
     return None
 
 
-def restore(session: WorkerSession, chosen: tuple[str, str], sharded: Any) -> Any:
+def restore(collective: Collective, store: CheckpointStore, chosen: tuple[str, str],
+            sharded: Any, *, previous_rank: int | None) -> Any:
     """DCP loads the sharded part of the checkpoint :func:`choose` verified into ``sharded``
     in place, resharded to this world size; then the plain part, as for ``state=``."""
     import shutil
 
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.sharded import check_loadable
-    from rayguard.train.checkpointing import ShardedStateError, _restore
+    from rayguard.train.checkpointing import ShardedStateError
+    from rayguard.train.protocol import read_state
 
     path, local = chosen
     try:
@@ -276,14 +230,14 @@ def restore(session: WorkerSession, chosen: tuple[str, str], sharded: Any) -> An
         try:
             info = check_loadable(manifest, path)
         except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
-            raise ShardedStateError(f"rank {session.ctx.rank}: {exc}") from None
+            raise ShardedStateError(f"rank {collective.rank}: {exc}") from None
         load(local, sharded)
-        session.watchdog.heartbeat()
+        collective.progress()
         saved = int(info["world_size"])
-        note = "" if saved == session.ctx.world_size else (
-            f"; sharded state of {saved} ranks resharded to {session.ctx.world_size} by DCP")
-        return _restore(session, path, local, plain_optional=True, note=note,
-                        saved_world_size=saved)
+        note = "" if saved == collective.world_size else (
+            f"; sharded state of {saved} ranks resharded to {collective.world_size} by DCP")
+        return read_state(collective, path, local, previous_rank=previous_rank,
+                          plain_optional=True, note=note, saved_world_size=saved)
     finally:
         if local != path:
             shutil.rmtree(local, ignore_errors=True)
