@@ -36,6 +36,17 @@ class CheckpointConfig:
     coordinator (one snapshot per rank, freed when a newer one commits): after a worker
     process crash, ``load_state()`` reads it from memory when it verifies, else from disk."""
 
+    pin_memory: bool = True
+    """``mode="async"``: snapshot CUDA tensors into pinned (page-locked) host buffers with
+    non-blocking copies (fast, but the pages cannot be swapped); ``False``: pageable
+    buffers and blocking copies."""
+
+    finish_timeout_s: float = 1800.0
+    """``mode="async"``: how long a worker waits, when the training function returns, for the
+    checkpoint still persisting (``fit()`` returns only after it committed); past it the
+    attempt fails with a CheckpointError. Also bounds the wait for it when the function
+    raises (then the error is the function's)."""
+
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
             raise config_error("CheckpointConfig", "mode", self.mode, 'must be "sync" or "async"',
@@ -44,6 +55,14 @@ class CheckpointConfig:
         if not isinstance(self.memory_tier, bool):
             raise config_error("CheckpointConfig", "memory_tier", self.memory_tier,
                                "must be a bool", "pass memory_tier=True or False")
+        if not isinstance(self.pin_memory, bool):
+            raise config_error("CheckpointConfig", "pin_memory", self.pin_memory,
+                               "must be a bool", "pass pin_memory=True or False")
+        if (not isinstance(self.finish_timeout_s, (int, float)) or isinstance(self.finish_timeout_s, bool)
+                or not self.finish_timeout_s > 0):
+            raise config_error("CheckpointConfig", "finish_timeout_s", self.finish_timeout_s,
+                               "must be a number of seconds > 0",
+                               "pass the longest a checkpoint may take to persist, e.g. 1800")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from rayguard.health.decisions import Decision, check_finite
 from rayguard.health.watchdog import Watchdog
 from rayguard.observe.steps import StepTimer
 from rayguard.testing.faults import Fault, FaultInjector
+from rayguard.train.async_checkpoint import AsyncCheckpointer
 from rayguard.train.collective import SessionCollective
 from rayguard.train.context import GuardContext
 from rayguard.train.forwarder import Forwarder
@@ -72,6 +73,14 @@ class WorkerSession:
         """Where this run's checkpoints live (chosen once, at set-up: :func:`use_store`)."""
         self.collective = SessionCollective(self)
         """The ranks' agreement during checkpoints, in the training loop."""
+        self.async_checkpoints: AsyncCheckpointer | None = None
+        """``CheckpointConfig(mode="async")``: the background persistence of this rank."""
+        if guard.checkpoint.mode == "async":
+            self.async_checkpoints = AsyncCheckpointer(heartbeat=self.watchdog.heartbeat,
+                                                       pin_memory=guard.checkpoint.pin_memory)
+        self._async_saves = 0
+        self._unforwarded: str | None = None
+        """A checkpoint committed in the background, not yet handed to ``ray.train.report``."""
         self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
                                metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
 
@@ -170,6 +179,8 @@ class WorkerSession:
         self.watchdog.start()
 
     def close(self, timeout_s: float | None = 600) -> None:
+        if self.async_checkpoints is not None:
+            self.async_checkpoints.close()
         try:
             self.forwarder.close(timeout_s)
             self._send_progress(final=True)
@@ -232,20 +243,103 @@ class WorkerSession:
         self.last_step = step
         self.report_count += 1
         checkpoint = None
+        if self.async_checkpoints is not None:
+            self._collect_async(self.async_checkpoints.poll)  # a background failure raises here
         if state is not None:
             _check_checkpointable(state, self.ctx.rank)
         if self.ctx.world_size > 1 or state is not None or sharded is not None:
-            from rayguard.train.checkpointing import maybe_checkpoint
+            if self.async_checkpoints is not None:
+                self._checkpoint_async(state, step, sharded)
+            else:
+                from rayguard.train.checkpointing import maybe_checkpoint
 
-            committed = maybe_checkpoint(self.collective, self.store, state, step, sharded,
-                                         report_count=self.report_count, attempt=self.ctx.attempt)
-            checkpoint = None if committed is None else committed.path
+                committed = maybe_checkpoint(self.collective, self.store, state, step, sharded,
+                                             report_count=self.report_count,
+                                             attempt=self.ctx.attempt)
+                checkpoint = None if committed is None else committed.path
+        if checkpoint is None:
+            checkpoint, self._unforwarded = self._unforwarded, None
         self.forwarder.submit(_forward, metrics, checkpoint, self.store.fs)
         self._last_metrics = metrics
         self._send_progress()
         summary = self.timer.on_report(step, metrics, time.perf_counter() - started)
         if summary is not None:
             self._send_summary(summary)
+
+    # -- asynchronous checkpoints (CheckpointConfig(mode="async")) ----------------------------
+    def _collect_async(self, how: Any) -> float:
+        """Take a finished background save's result (``how``: ``poll`` or the waiting
+        ``wait``); its error is raised here, in the loop. Returns the seconds waited."""
+        outcome = how()
+        waited, committed = outcome if isinstance(outcome, tuple) else (0.0, outcome)
+        if committed is not None:
+            self._unforwarded = committed.path
+        return waited
+
+    def _checkpoint_async(self, state: Any, step: int, sharded: Any) -> None:
+        """Agree in the loop (every rank snapshots at the same step), wait for the checkpoint
+        in flight (back-pressure), snapshot, and persist in the background."""
+        from dataclasses import replace
+
+        from rayguard.train.checkpointing import agree_intent, save_planned, snapshot_payload
+
+        checkpointer = self.async_checkpoints
+        assert checkpointer is not None
+        plan = agree_intent(self.collective, state, step, sharded, self.report_count)
+        if plan is None:
+            return
+        waited = self._collect_async(checkpointer.wait)
+        if plan.sharded:  # DCP's save is a collective on the loop's process group: in the loop
+            committed = save_planned(self.collective, self.store, plan, snapshot_payload(state),
+                                     attempt=self.ctx.attempt, sharded=sharded)
+            self._unforwarded = None if committed is None else committed.path
+            return
+        payload = snapshot_payload(checkpointer.snapshot(state))  # and this step's RNG state
+        self._async_saves += 1
+        background = SessionCollective(self, in_loop=False)
+        plan = replace(plan, tag=f"async-{plan.tag}")  # its gathers never meet the loop's
+        event = {"mode": "async", "snapshot_s": round(checkpointer.snapshot_s, 6),
+                 "backpressure_s": round(waited, 6), "backpressure_waits": checkpointer.waits,
+                 "backpressure_total_s": round(checkpointer.waited_s, 6)}
+        checkpointer.submit(lambda: save_planned(background, self.store, plan, payload,
+                                                 attempt=self.ctx.attempt, **event))
+
+    def finish(self) -> None:
+        """The training function returned: wait for the checkpoint in flight (its error is
+        raised), and hand the last committed one to Ray Train, so that ``fit()`` returns
+        only after the last checkpoint committed."""
+        checkpointer = self.async_checkpoints
+        if checkpointer is None or not self._async_saves:
+            return
+        timeout_s = self.guard.checkpoint.finish_timeout_s
+        if checkpointer.in_flight:
+            committed = checkpointer.drain(timeout_s)
+            if checkpointer.in_flight:
+                from rayguard.exceptions import CheckpointError
+
+                raise CheckpointError(
+                    f"rank {self.ctx.rank} on node {self.ctx.node_id}: the last checkpoint was "
+                    f"still persisting {timeout_s} s after the training function returned. "
+                    "Fix: check the storage's speed, or raise "
+                    "CheckpointConfig(finish_timeout_s=...).")
+        else:
+            committed = checkpointer.poll()
+        if committed is not None:
+            self._unforwarded = committed.path
+        # every rank makes this one extra report (Ray Train's report is a collective)
+        path, self._unforwarded = self._unforwarded, None
+        self.forwarder.submit(_forward, self._last_metrics or {}, path, self.store.fs)
+
+    def settle(self) -> None:
+        """The training function raised: give the checkpoint in flight (a healthy state, taken
+        before the failure) a bounded chance to commit; its own error is dropped."""
+        checkpointer = self.async_checkpoints
+        if checkpointer is None or not checkpointer.in_flight:
+            return
+        try:
+            checkpointer.drain(self.guard.checkpoint.finish_timeout_s)
+        except Exception as exc:
+            logger.warning("rayguard: the checkpoint in flight failed too: %s", exc)
 
     def load_state(self, sharded: Any = None) -> Any:
         """``rayguard.train.load_state()``: this rank's state from the newest checkpoint that
@@ -254,6 +348,8 @@ class WorkerSession:
 
         self.injector.on_load()
         self.load_count += 1
+        if self.async_checkpoints is not None:  # a checkpoint in flight commits first
+            self._collect_async(self.async_checkpoints.wait)
         restored = load_state(self.collective, self.store, sharded, load_count=self.load_count,
                               previous_rank=self.ctx.previous_rank)
         self.watchdog.heartbeat()

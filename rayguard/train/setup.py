@@ -150,7 +150,9 @@ class GuardedTrainFn:
         session = self._set_up()
         try:
             result = self.inner()
+            session.finish()  # the checkpoint in flight commits (or raises) before fit() returns
         except BaseException as exc:
+            session.settle()
             session.watchdog.stop()
             session._flush_quietly(timeout_s=5)  # keep what was reported before the error
             session.report_failure(exc)

@@ -75,6 +75,10 @@ def test_health_config_defaults_and_adaptive_timeout():
 @pytest.mark.parametrize("kwargs, needle", [
     ({"mode": "background"}, "CheckpointConfig(mode='background')"),
     ({"memory_tier": "yes"}, "CheckpointConfig(memory_tier='yes')"),
+    ({"pin_memory": 1}, "CheckpointConfig(pin_memory=1)"),
+    ({"finish_timeout_s": 0}, "CheckpointConfig(finish_timeout_s=0)"),
+    ({"finish_timeout_s": "1h"}, "CheckpointConfig(finish_timeout_s='1h')"),
+    ({"finish_timeout_s": True}, "CheckpointConfig(finish_timeout_s=True)"),
 ])
 def test_checkpoint_config_errors(kwargs, needle):
     with pytest.raises(ConfigError) as err:
