@@ -13,6 +13,13 @@ optimizer-like dict), it times, interleaved per repetition:
 and prints medians and the ratios against the targets (save <= 1.10x torch.save+fsync,
 load+verify <= 1.15x torch.load). Never fails on a time: it is a measurement.
 
+Then, on the same state (skip with --no-async; bench_checkpoint_async.py says more): the time
+the training loop is blocked per checkpoint for rayguard async vs rayguard sync vs
+torch.save+fsync vs dcp.async_save vs a plain copy_ into preallocated buffers (the floor;
+target: async <= 1.3x it), and steps/s of a loop of matmul steps with a checkpoint every k
+steps: none vs async vs sync (target: async within 5% of none).
+The size: --size-mib, or RAYGUARD_BENCH_SIZE_MIB (e.g. 256 for a quick run).
+
 Sharded case:  .venv/bin/python tests/benchmarks/bench_checkpoint.py --sharded [--size-mib 512]
 Two CPU processes (gloo) hold a state of DTensors sharded over both (model weights and
 AdamW-like moments, --size-mib in all); interleaved per repetition:
@@ -130,11 +137,14 @@ def run_rep(d: Path, rep: int, state: dict, raw_src: memoryview, times: dict[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--size-mib", type=int,
+                        default=int(os.environ.get("RAYGUARD_BENCH_SIZE_MIB", "1024")))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="256 MiB, 2 repetitions")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--no-dcp", action="store_true", help="skip torch.distributed.checkpoint")
+    parser.add_argument("--no-async", action="store_true",
+                        help="skip the blocked-time and steps/s part (async vs sync)")
     parser.add_argument("--sharded", action="store_true",
                         help="the sharded case: DTensor state over 2 processes (default 512 MiB)")
     args = parser.parse_args(argv)
@@ -160,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(times, nbytes)
+    if not args.no_async:
+        from bench_checkpoint_async import run_async
+
+        run_async(state, reps=args.reps, directory=args.dir)
     return 0
 
 
