@@ -181,7 +181,8 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("time lost to failures", f"{s.get('time_lost_s', 0):.1f} s (detection + restart + "
          f"{s.get('replayed_steps', 0)} replayed step(s) x {s.get('mean_step_s', 0) * 1e3:.1f} ms)"),
         ("checkpoints committed", str(s.get("checkpoints_committed"))),
-        ("checkpoint blocked time", f"{s.get('checkpoint_blocked_s', 0):.2f} s"),
+        ("checkpoint blocked time", f"{s.get('checkpoint_blocked_s', 0):.2f} s (back-pressure "
+         f"{s.get('checkpoint_backpressure_s', 0):.2f} s)"),
         ("checkpoint size (total)", _fmt_bytes(s.get("checkpoint_bytes", 0))),
         ("checkpoints rejected / fallbacks", f"{s.get('checkpoints_rejected')} / {s.get('fallbacks')}"),
         ("stalls / NaN events / stragglers",

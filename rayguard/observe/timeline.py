@@ -167,6 +167,9 @@ def _checkpoints(events, t0) -> list[dict[str, Any]]:
         out.append({"time": _t(e) - t0, "status": s, "step": _int(e.get("step")),
                     "attempt": _int(e.get("attempt")), "path": e.get("path"),
                     "bytes": e.get("bytes"), "seconds": e.get("seconds"),
+                    # async checkpoints: the loop was blocked only for blocked_s
+                    "blocked_s": e.get("blocked_s", e.get("seconds")),
+                    "backpressure_s": e.get("backpressure_s", 0.0),
                     "detail": one_line(e.get("detail"))})
     return out
 
@@ -250,7 +253,8 @@ def _summary(events, data, steps, t0) -> dict[str, Any]:
         "restarts_by_cause": dict(causes),
         "time_lost_s": lost, "replayed_steps": replayed, "mean_step_s": mean_step,
         "checkpoints_committed": len(committed),
-        "checkpoint_blocked_s": sum(float(c["seconds"] or 0.0) for c in committed),
+        "checkpoint_blocked_s": sum(float(c["blocked_s"] or 0.0) for c in committed),
+        "checkpoint_backpressure_s": sum(float(c["backpressure_s"] or 0.0) for c in committed),
         "checkpoint_bytes": sum(int(c["bytes"] or 0) for c in committed),
         "checkpoints_rejected": sum(1 for c in data["checkpoints"] if c["status"] == "rejected"),
         "fallbacks": sum(1 for c in data["checkpoints"] if c["status"] == "fallback"),

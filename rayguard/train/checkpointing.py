@@ -86,11 +86,8 @@ class _Intent(NamedTuple):
 
 
 def _problem(rank: int, state: Any, sharded: Any) -> str | None:
-    from rayguard.checkpoint.sharded import dtensor_error_message, find_distributed_tensors
-
-    paths = find_distributed_tensors(state)
-    if paths:
-        return dtensor_error_message(paths, rank)
+    """What is wrong with ``sharded=`` on this rank (a DTensor in ``state=`` was refused by
+    ``report`` before any peer waits: ``session._check_checkpointable``)."""
     if sharded is not None:
         from rayguard.train.sharded import check_sharded_arg
 

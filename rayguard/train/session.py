@@ -298,7 +298,8 @@ class WorkerSession:
         self._async_saves += 1
         background = SessionCollective(self, in_loop=False)
         plan = replace(plan, tag=f"async-{plan.tag}")  # its gathers never meet the loop's
-        event = {"mode": "async", "snapshot_s": round(checkpointer.snapshot_s, 6),
+        event = {"mode": "async", "blocked_s": round(time.perf_counter() - plan.started, 6),
+                 "snapshot_s": round(checkpointer.snapshot_s, 6),
                  "backpressure_s": round(waited, 6), "backpressure_waits": checkpointer.waits,
                  "backpressure_total_s": round(checkpointer.waited_s, 6)}
         checkpointer.submit(lambda: save_planned(background, self.store, plan, payload,

@@ -14,8 +14,11 @@ waited for outside the timing, so every checkpoint starts with nothing in flight
   dcp.async_save        torch.distributed.checkpoint.async_save, the part before it returns
                         (a one-process gloo group)
 
-Then a loop of matmul steps with a checkpoint every k steps (k chosen so that the background
-save fits: about 1.5x the sync save time in steps): steps/s with no checkpoints, async, sync.
+Then a loop of steps with a checkpoint every k steps (k chosen so that the background save
+fits: 1.5x the sync save time in steps): steps/s with no checkpoints, async, sync; once with
+an idle-host step (a CUDA matmul when there is a GPU, else a 5 ms sleep: the host waits as in
+a GPU-bound step, leaving the cores to the background save) and once with a CPU matmul step
+(the loop and the save compete for the same cores).
 Prints medians and ratios; never fails on a time.
 """
 
@@ -138,46 +141,74 @@ def _prune(work: Path) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
-def steps_per_second(state: dict, work: Path, *, step_ms: float, sync_save_s: float,
-                     checkpoints: int) -> tuple[int, dict[str, float]]:
-    """A loop of matmul steps; every k steps a checkpoint of ``state`` (none/async/sync)."""
-    a = torch.randn(384, 384)
-    b = torch.randn(384, 384)
+def _matmul_step() -> Callable[[], None]:
+    a, b = torch.randn(384, 384), torch.randn(384, 384)
+    return lambda: (a @ b).sum().item()  # type: ignore[return-value]
 
-    def one_step() -> None:
-        (a @ b).sum().item()
 
+def _idle_host_step(step_ms: float) -> Callable[[], None]:
+    """The host side of a GPU-bound step: the Python thread waits, the CPU cores are free."""
+    if torch.cuda.is_available():
+        a = torch.randn(4096, 4096, device="cuda")
+
+        def step() -> None:
+            (a @ a).sum().item()
+        return step
+    return lambda: time.sleep(step_ms / 1000)
+
+
+def steps_per_second(state: dict, work: Path, step: Callable[[], None], *, sync_save_s: float,
+                     checkpoints: int) -> dict[str, float]:
+    """A loop of ``step``; every k steps a checkpoint of ``state`` (none/async/sync), k such
+    that a background save (~ the sync save) fits in k steps with a 1.5x margin."""
     for _ in range(20):
-        one_step()
+        step()
     t0 = time.perf_counter()
     for _ in range(50):
-        one_step()
+        step()
     measured_ms = (time.perf_counter() - t0) / 50 * 1000
     k = max(1, math.ceil(1.5 * sync_save_s * 1000 / measured_ms))
     total = k * checkpoints
-    print(f"loop: {measured_ms:.2f} ms/step (target ~{step_ms} ms), a checkpoint every k={k} "
-          f"steps, {total} steps per mode", flush=True)
+    print(f"  {measured_ms:.2f} ms/step, a checkpoint every k={k} steps, {total} steps per mode",
+          flush=True)
     out: dict[str, float] = {}
     for mode in ("none", "async", "sync", "none again"):
         session = None if mode.startswith("none") else make_session(
             str(work / f"loop-{mode}"), mode)
+        if session is not None:  # one-time costs: first-report checks, buffer allocation
+            session.report({"loss": 1.0}, state={**state, "step": 0}, step=0)
+            settle(session)
+        blocked = 0.0
         t0 = time.perf_counter()
         for i in range(1, total + 1):
-            one_step()
+            step()
             if session is not None and i % k == 0:
+                t1 = time.perf_counter()
                 session.report({"loss": 1.0}, state={**state, "step": i}, step=i)
+                blocked += time.perf_counter() - t1
+        t1 = time.perf_counter()
         if session is not None:
             settle(session)  # the run ends when its last checkpoint is committed
+        final = time.perf_counter() - t1
         out[mode] = total / (time.perf_counter() - t0)
-        _prune(work)
         for run in work.glob("loop-*"):
             shutil.rmtree(run, ignore_errors=True)
-        print(f"  {mode:<11} {out[mode]:8.1f} steps/s", flush=True)
-    return k, out
+        detail = ""
+        if session is not None:
+            detail = f"  (reports blocked {blocked:.2f} s in all, final wait {final:.2f} s"
+            if session.async_checkpoints is not None:
+                detail += (f", back-pressure {session.async_checkpoints.waits} wait(s) "
+                           f"{session.async_checkpoints.waited_s:.2f} s")
+            detail += ")"
+        print(f"  {mode:<11} {out[mode]:8.1f} steps/s{detail}", flush=True)
+    none = statistics.mean([out["none"], out["none again"]])
+    print(f"  async / none = {out['async'] / none:.3f}  (target >= 0.95); "
+          f"sync / none = {out['sync'] / none:.3f}", flush=True)
+    return out
 
 
 def run_async(state: dict, *, reps: int, directory: str | None, step_ms: float = 5.0,
-              checkpoints: int = 3) -> int:
+              checkpoints: int = 5) -> int:
     nbytes = state_bytes(state)
     work = Path(tempfile.mkdtemp(prefix="rg-bench-async-", dir=directory))
     try:
@@ -194,12 +225,15 @@ def run_async(state: dict, *, reps: int, directory: str | None, step_ms: float =
         print(f"rayguard sync / rayguard async   = {med['rayguard sync'] / med['rayguard async']:.1f}x")
         print(f"dcp.async_save / rayguard async  = {med['dcp.async_save'] / med['rayguard async']:.2f}x")
         print(f"torch.save+fsync / rayguard async = {med['torch.save+fsync'] / med['rayguard async']:.1f}x")
-        print("\n== steps/s with a checkpoint every k steps", flush=True)
-        k, sps = steps_per_second(state, work, step_ms=step_ms, sync_save_s=med["rayguard sync"],
-                                  checkpoints=checkpoints)
-        none = statistics.mean([sps["none"], sps["none again"]])
-        print(f"\nasync / none = {sps['async'] / none:.3f}  (target >= 0.95)")
-        print(f"sync / none  = {sps['sync'] / none:.3f}")
+        kind = "CUDA matmul" if torch.cuda.is_available() else f"sleep {step_ms} ms"
+        print(f"\n== steps/s, a checkpoint every k steps: an idle-host step ({kind}: the host "
+              "waits as in a GPU-bound step)", flush=True)
+        steps_per_second(state, work, _idle_host_step(step_ms), sync_save_s=med["rayguard sync"],
+                         checkpoints=checkpoints)
+        print("\n== steps/s, a checkpoint every k steps: a CPU matmul step (the loop competes "
+              "with hashing and writing for the same cores)", flush=True)
+        steps_per_second(state, work, _matmul_step(), sync_save_s=med["rayguard sync"],
+                         checkpoints=checkpoints)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -126,3 +126,20 @@ def test_sync_mode_forwards_each_checkpoint_with_its_report(tmp_path, forwarded)
     session.close()
 
 
+
+
+def test_the_run_summary_counts_the_blocked_time_of_async_checkpoints() -> None:
+    from rayguard.observe.timeline import build_run
+
+    events = [
+        {"kind": "start", "time": 0.0},
+        {"kind": "checkpoint_committed", "time": 1.0, "step": 1, "seconds": 3.0, "bytes": 10,
+         "mode": "async", "blocked_s": 0.25, "backpressure_s": 0.0},
+        {"kind": "checkpoint_committed", "time": 2.0, "step": 2, "seconds": 3.0, "bytes": 10,
+         "mode": "async", "blocked_s": 1.5, "backpressure_s": 1.25},
+        {"kind": "checkpoint_committed", "time": 3.0, "step": 3, "seconds": 2.0, "bytes": 10},
+        {"kind": "finished", "time": 4.0},
+    ]
+    summary = build_run(events)["summary"]
+    assert summary["checkpoint_blocked_s"] == 0.25 + 1.5 + 2.0  # a sync one blocks throughout
+    assert summary["checkpoint_backpressure_s"] == 1.25
