@@ -19,7 +19,9 @@ fits: 1.5x the sync save time in steps): steps/s with no checkpoints, async, syn
 an idle-host step (a CUDA matmul when there is a GPU, else a 5 ms sleep: the host waits as in
 a GPU-bound step, leaving the cores to the background save) and once with a CPU matmul step
 (the loop and the save compete for the same cores).
-Prints medians and ratios; never fails on a time.
+Prints medians and ratios; never fails on a time. ``--cuda`` (a GPU machine): the same state
+on the GPU; the floor is then a non-blocking copy into pinned buffers (the pinned
+device-to-host bandwidth).
 """
 
 from __future__ import annotations
@@ -88,7 +90,15 @@ def blocked_times(state: dict, work: Path, reps: int) -> dict[str, list[float]]:
     import torch.distributed.checkpoint as dcp
 
     srcs = _tensors(state)
-    floor_bufs = [torch.empty_like(t) for t in srcs]
+    cuda = any(t.is_cuda for t in srcs)  # the floor: pinned device-to-host bandwidth
+    floor_bufs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in srcs]
+
+    def floor() -> None:
+        for b, t in zip(floor_bufs, srcs, strict=True):
+            b.copy_(t, non_blocking=t.is_cuda)
+        if cuda:
+            torch.cuda.synchronize()
+
     sessions = {m: make_session(str(work / f"run-{m}"), m) for m in ("async", "sync")}
     _dcp_group(work)
     times: dict[str, list[float]] = {}
@@ -101,7 +111,7 @@ def blocked_times(state: dict, work: Path, reps: int) -> dict[str, list[float]]:
 
     for rep in range(reps + 1):  # the first repetition warms up (allocates the buffers)
         ops: dict[str, Callable[[], object]] = {
-            "copy_ floor": lambda: [b.copy_(t) for b, t in zip(floor_bufs, srcs, strict=True)],
+            "copy_ floor": floor,
             "rayguard async": lambda: report("async"),
             "rayguard sync": lambda: report("sync"),
             "torch.save+fsync": lambda: _torch_save(work / "torch.pt", state),
@@ -253,8 +263,23 @@ def main(argv: list[str] | None = None) -> int:
                         default=int(os.environ.get("RAYGUARD_BENCH_SIZE_MIB", "1024")))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--cuda", action="store_true",
+                        help="a CUDA state (the floor: pinned device-to-host copies)")
     args = parser.parse_args(argv)
-    return run_async(make_state(args.size_mib), reps=args.reps, directory=args.dir)
+    state = make_state(args.size_mib)
+    if args.cuda:
+        state = _to_cuda(state)
+    return run_async(state, reps=args.reps, directory=args.dir)
+
+
+def _to_cuda(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.cuda()
+    if isinstance(obj, dict):
+        return {k: _to_cuda(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cuda(v) for v in obj]
+    return obj
 
 
 if __name__ == "__main__":

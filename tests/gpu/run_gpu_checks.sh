@@ -10,4 +10,6 @@ python3 -m pip install -q --target /tmp/site pytest pytest-timeout hypothesis 2>
 python3 -m pytest -q -s -m gpu tests/gpu -p no:cacheprovider --timeout 300
 status=$?
 python3 tests/benchmarks/bench_serialization.py --quick --gpu || true
+# async checkpoint blocked time for a CUDA state vs the pinned device-to-host copy floor
+python3 tests/benchmarks/bench_checkpoint_async.py --cuda --size-mib 1024 --reps 3 || true
 exit $status
