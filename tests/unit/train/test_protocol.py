@@ -234,3 +234,14 @@ class _FailingRemote(RemoteStore):
         if record.rank == 2:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), final)
         super().upload(staged, final, record)
+
+
+def test_the_protocol_imports_no_ray() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, rayguard.train.protocol, rayguard.train.store, "
+            "rayguard.train.collective, rayguard.testing.collective; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
