@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayguard.exceptions import HealthError
-from rayguard.tune.decisions import CheckpointRecord
+from rayguard.health.decisions import CheckpointRecord
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -140,9 +140,11 @@ def restart_trial(controller: Any, trial: Trial, checkpoint: CheckpointRecord | 
     controller._requeue_trial(trial)
 
 
-def fail_trial(controller: Any, trial: Trial, reason: str) -> None:
-    """End the trial as errored with ``reason`` (as Tune ends a trial out of retries)."""
-    error = HealthError(reason)
+def fail_trial(controller: Any, trial: Trial, reason: str,
+               error: HealthError | None = None) -> None:
+    """End the trial as errored with ``error`` (default: a HealthError saying ``reason``),
+    as Tune ends a trial out of retries."""
+    error = error if error is not None else HealthError(reason)
     trial.handle_error(error)  # type: ignore[arg-type]
     controller._has_errored = True
     controller._scheduler_alg.on_trial_error(controller, trial)
