@@ -88,17 +88,19 @@ def sweep_fields_set(config: Any) -> dict[str, Any]:
 def resolve_sweep_health(health: Any, sweep_health: SweepHealthConfig | None,
                          owner: str) -> SweepHealthConfig:
     """The sweep settings in force: ``sweep_health``, else the sweep fields a
-    ``HealthConfig`` carries. Both at once is an error (which one would win is a guess)."""
+    ``HealthConfig`` carries. Both at once, differing, is an error (which one would win is a
+    guess)."""
     given = sweep_fields_set(health)
+    carried = SweepHealthConfig(**{name: getattr(health, name) for name in SWEEP_FIELDS})
     if sweep_health is None:
-        return SweepHealthConfig(**{name: getattr(health, name) for name in SWEEP_FIELDS})
+        return carried
     if not isinstance(sweep_health, SweepHealthConfig):
         raise config_error(owner, "sweep_health", sweep_health,
                            "must be a rayguard.tune.SweepHealthConfig",
                            "pass sweep_health=rayguard.tune.SweepHealthConfig(...)")
-    if given:
+    if given and sweep_health != carried:
         listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
         raise config_error(owner, "health", f"HealthConfig({listed}, ...)",
-                           "sets sweep settings that sweep_health= also sets",
+                           "sets sweep settings that differ from sweep_health=",
                            f"move {', '.join(given)} into sweep_health=SweepHealthConfig(...)")
     return sweep_health

@@ -66,6 +66,13 @@ def test_sweep_fields_given_twice_is_an_error_naming_them():
         resolve_sweep_health(HealthConfig(), {"window": 7}, "rayguard.tune.run")  # type: ignore[arg-type]
 
 
+def test_the_same_settings_in_both_places_are_no_conflict():
+    # rayguard.tune.run resolves them once and hands both to its HealthCallback
+    health = HealthConfig(window=5, min_results=3, memory_growth_fraction=None)
+    resolved = resolve_sweep_health(health, None, "rayguard.tune.run")
+    assert resolve_sweep_health(health, resolved, "HealthCallback") is resolved
+
+
 def test_health_callback_takes_either_config():
     from rayguard.tune import HealthCallback
 
