@@ -9,7 +9,8 @@ readable by ``jq``). Reading (tolerant of unknown kinds and cut lines) is
 :mod:`rayguard.observe.log`'s, for both files. Kinds: ``start``, ``attempt_started``,
 ``checkpoint_committed``, ``checkpoint_rejected``, ``stall_detected``, ``nan_detected``,
 ``worker_died``, ``restart``, ``restored``, ``failed``, ``finished`` (and ``preflight_error``,
-``fault_injected``, ``crash_loop``, ``not_retried``, and from :mod:`rayguard.observe` ``steps``
+``fault_injected``, ``crash_loop``, ``not_retried``, ``preemption_notice``,
+``preemption_checkpoint``, and from :mod:`rayguard.observe` ``steps``
 and ``straggler``). A person should be able to tell what happened from this file alone.
 """
 
@@ -34,6 +35,7 @@ KINDS = (
     "start", "attempt_started", "checkpoint_committed", "checkpoint_rejected",
     "stall_detected", "nan_detected", "worker_died", "restart", "restored", "failed",
     "finished", "preflight_error", "fault_injected", "crash_loop", "not_retried",
+    "preemption_notice", "preemption_checkpoint",  # rayguard.train.preemption
     "steps", "straggler",  # rayguard.observe: per-rank step timing summaries, slow ranks
 )
 

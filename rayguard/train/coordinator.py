@@ -29,6 +29,7 @@ class RunCoordinator:
         self._store: dict[str, Any] = {}
         self._gathers: dict[str, dict[int, Any]] = {}
         self._gather_reads: dict[str, int] = {}
+        self._gather_calls = 0
         self._failures: dict[int, list[FailureRecord]] = {}
         self._commits: dict[int, int] = {}
         self._progress: dict[str, Any] = {}
@@ -130,6 +131,7 @@ class RunCoordinator:
         """Block until ``world_size`` ranks have called with ``tag``; return the values by
         rank. ``None`` on timeout (a rank died: Ray restarts the group)."""
         with self._cond:
+            self._gather_calls += 1
             slot = self._gathers.setdefault(tag, {})
             slot[rank] = value
             self._cond.notify_all()
@@ -144,6 +146,12 @@ class RunCoordinator:
             else:
                 self._gather_reads[tag] = reads
             return values
+
+
+    def gather_calls(self) -> int:
+        """How many gather calls arrived (every rank's call counts): a metrics-only report
+        makes none (rayguard.train.agreement)."""
+        return self._gather_calls
 
 
 def start_coordinator(events_file: str, observe: dict[str, Any] | None = None):

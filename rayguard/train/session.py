@@ -18,8 +18,10 @@ from rayguard.health.decisions import Decision, check_finite
 from rayguard.health.watchdog import Watchdog
 from rayguard.observe.steps import StepTimer
 from rayguard.testing.faults import Fault, FaultInjector
+from rayguard.train.agreement import Agreement, Flags, LocalAgreement, needs_protocol
 from rayguard.train.context import GuardContext
 from rayguard.train.forwarder import Forwarder
+from rayguard.train.preemption import Preemption
 
 logger = logging.getLogger("rayguard")
 
@@ -68,6 +70,10 @@ class WorkerSession:
         self.load_count = 0
         self.fs: Any = None
         """The run's pyarrow filesystem when it is remote (``None``: local or shared path)."""
+        self.agreement: Agreement = LocalAgreement()
+        """How ranks agree at each report (set-up replaces it: rayguard.train.agreement)."""
+        self.preemption = Preemption(())
+        """Preemption notices and ``should_checkpoint()`` (set-up adds the sources)."""
         self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
                                metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
 
@@ -207,6 +213,9 @@ class WorkerSession:
     def heartbeat(self) -> None:
         self.watchdog.heartbeat()
 
+    def should_checkpoint(self) -> bool:
+        return self.preemption.should_checkpoint()
+
     def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
                sharded: Any = None) -> None:
         started = time.perf_counter()
@@ -220,11 +229,17 @@ class WorkerSession:
         checkpoint = None
         if state is not None:
             _check_checkpointable(state, self.ctx.rank)
-        if self.ctx.world_size > 1 or state is not None or sharded is not None:
+        flags = self.agreement.agree(Flags(state is not None, sharded is not None,
+                                           self.preemption.local_flag(self)))
+        if needs_protocol(flags, first=self.report_count == 1, world_size=self.ctx.world_size):
             from rayguard.train.checkpointing import maybe_checkpoint
 
             checkpoint = maybe_checkpoint(self, state, step, sharded)
         self.forwarder.submit(_forward, metrics, checkpoint)
+        if self.preemption.after_report(flags, saved=flags.state or flags.sharded):
+            from rayguard.train.preemption import on_answered
+
+            on_answered(self, step, checkpoint)
         self._last_metrics = metrics
         self._send_progress()
         summary = self.timer.on_report(step, metrics, time.perf_counter() - started)
