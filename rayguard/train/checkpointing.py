@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rayguard.exceptions import CheckpointError
+from rayguard.train import memory_tier
 
 if TYPE_CHECKING:
     from rayguard.train.session import WorkerSession
@@ -212,6 +213,8 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any
             record = write(session, payload, final)
     except Exception as exc:
         record = CheckpointError(f"rank {ctx.rank} on node {ctx.node_id}: {exc}")
+    if described is None:  # [memory tier] hook 1a: keep this rank's written shard in memory
+        memory_tier.offer(session, final, step, payload, record)
     records = session.gather(f"{tag}:records", record)
     failures = [r for r in records if isinstance(r, BaseException)]
     if failures:
@@ -223,6 +226,7 @@ def maybe_checkpoint(session: WorkerSession, state: Any, step: int, sharded: Any
     if ctx.rank != 0:
         return None
     checkpoint = _commit(session, final, records, step, described)
+    memory_tier.committed(session, final, step)  # [memory tier] hook 1b: now servable
     total = sum(f.size_bytes for r in records for f in r.files)
     session.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
                    f"{len(records)} shard(s))", step=step, path=final, bytes=total,
@@ -256,7 +260,11 @@ def _choose_local(session: WorkerSession) -> str | None:
     from rayguard import checkpoint as ck
 
     ck.cleanup_staging(session.ctx.run_dir)
-    found = ck.scan(session.ctx.run_dir, skip=set(_rejected(session)))
+    skip = set(_rejected(session))
+    held = memory_tier.choose(session, skip)  # [memory tier] hook 2a: ranks verify in memory
+    if held is not None:
+        return held
+    found = ck.scan(session.ctx.run_dir, skip=skip)
     for rejection in found.rejected:
         _reject(session, rejection.path, rejection.describe(), persist=True)
     return None if found.chosen is None else str(found.chosen)
@@ -320,10 +328,17 @@ def load_state(session: WorkerSession, sharded: Any = None) -> Any:
     if chosen is None:
         return None
     if is_local(session.fs):
-        return _restore(session, chosen, chosen)
+        memory: dict[int, Any] | None = None
+        tier: dict[str, Any] = {"tier": "disk"}
+        if memory_tier.enabled(session):  # [memory tier] hook 2b: fetch and verify from memory
+            found, memory, tier = memory_tier.prepare(session, chosen, _choose_checkpoint)
+            if found is None:
+                return None
+            chosen = found
+        return _restore(session, chosen, chosen, memory=memory, **tier)
     local = download(chosen, session.fs)
     try:
-        return _restore(session, chosen, local)
+        return _restore(session, chosen, local, tier="disk")
     finally:
         shutil.rmtree(local, ignore_errors=True)
 
@@ -339,12 +354,16 @@ def _warn_unloaded_sharded(manifest: Any, chosen: str) -> None:
 
 
 def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional: bool = False,
-             note: str = "", **extra: Any) -> Any:
+             note: str = "", memory: dict[int, Any] | None = None, **extra: Any) -> Any:
     """Read this rank's state from ``local`` (a verified checkpoint, maybe a download).
 
     ``plain_optional``: the sharded part was loaded; a checkpoint without plain state
-    returns ``{}`` instead of raising. ``note`` and ``extra`` go into the ``restored`` event."""
+    returns ``{}`` instead of raising. ``note`` and ``extra`` go into the ``restored`` event.
+    ``memory``: payloads by saved rank already read and verified from the memory tier."""
     from rayguard import checkpoint as ck
+
+    def read_shard(directory: str, rank: int) -> Any:  # [memory tier] hook 2c
+        return memory[rank] if memory and rank in memory else ck.read_shard(directory, rank)
 
     ctx = session.ctx
     manifest = ck.read_manifest(Path(local))
@@ -353,12 +372,12 @@ def _restore(session: WorkerSession, chosen: str, local: str, *, plain_optional:
     # Same world size: a rank's own shard. After a resize, rank-local state follows the
     # worker (the rank its slot held before); replicated state comes from rank 0 below.
     source = ctx.rank if manifest.world_size == ctx.world_size else ctx.previous_rank
-    own = ck.read_shard(local, source) if source is not None and manifest.shard_files_of(source) else None
+    own = read_shard(local, source) if source is not None and manifest.shard_files_of(source) else None
     meta = (own or {}).get(_META, {})
     if own is not None and meta.get("has_state"):
         state = own["state"]
     else:
-        shared = ck.read_shard(local, 0) if manifest.shard_files_of(0) else None
+        shared = read_shard(local, 0) if manifest.shard_files_of(0) else None
         if (shared is None or not shared.get(_META, {}).get("has_state")) and plain_optional:
             shared = {_META: {"has_state": True}, "state": {}}
         if shared is None or not shared.get(_META, {}).get("has_state"):
