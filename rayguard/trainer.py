@@ -12,6 +12,7 @@ import copy
 import logging
 import os
 import tempfile
+import warnings
 from typing import Any, cast
 
 from ray.train import Result
@@ -67,6 +68,9 @@ class RobustTrainer(GuardHooksTrainer):
                 f"RobustTrainer(guard_config={guard_config!r}): must be a rayguard.GuardConfig. "
                 "Fix: pass guard_config=rayguard.GuardConfig(...) or leave it out."
             )
+        ignored = guard_config.health.sweep_only_warning()
+        if ignored is not None:
+            warnings.warn(ignored, UserWarning, stacklevel=2)
         self.guard_config = guard_config
         self._coordinator: Any = None
         self.last_metrics: dict[str, Any] | None = None

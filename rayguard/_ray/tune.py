@@ -179,9 +179,11 @@ def restart_trial(controller: Any, trial: Trial, checkpoint: CheckpointRecord | 
     controller._requeue_trial(trial)
 
 
-def fail_trial(controller: Any, trial: Trial, reason: str) -> None:
-    """End the trial as errored with ``reason`` (as Tune ends a trial out of retries)."""
-    error = HealthError(reason)
+def fail_trial(controller: Any, trial: Trial, reason: str,
+               error: HealthError | None = None) -> None:
+    """End the trial as errored with ``error`` (default: a HealthError saying ``reason``),
+    as Tune ends a trial out of retries."""
+    error = error if error is not None else HealthError(reason)
     trial.handle_error(error)  # type: ignore[arg-type]
     controller._has_errored = True
     controller._scheduler_alg.on_trial_error(controller, trial)

@@ -17,6 +17,10 @@ def test_public_names_are_pinned():
     assert sorted(rayguard.train.__all__) == sorted([
         "ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_state", "report",
     ])
+    assert sorted(rayguard.tune.__all__) == sorted([
+        "HealthCallback", "SweepEvent", "SweepHealthConfig", "SweepNotDoneError", "TrialStatus",
+        "TuneRun", "Verdict", "read", "run",
+    ])
 
 
 def test_robust_trainer_is_a_torch_trainer():
