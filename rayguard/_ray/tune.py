@@ -41,7 +41,7 @@ from rayguard.exceptions import HealthError, RayVersionError
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
-    from rayguard.tune.decisions import CheckpointRecord
+    from rayguard.health.decisions import CheckpointRecord
 
 CONTROLLER_ATTRS = (
     "_trial_to_actor", "_actor_manager", "_schedule_trial_stop", "_requeue_trial",
