@@ -7,7 +7,7 @@ throughput collapse, memory growth), :mod:`~rayguard.health.decisions` (the one
 :mod:`~rayguard.health.config` (``HealthConfig``) and :mod:`~rayguard.health.sweep_config`
 (``SweepHealthConfig``). Executors, one per host: a worker's watchdog and NaN guard
 (:mod:`~rayguard.health.watchdog`, the session: kill or raise) and a sweep's
-:mod:`rayguard.tune.executor` (restart or fail the trial).
+:mod:`rayguard._ray.tune` (restart or fail the trial).
 """
 
 from rayguard.health.config import HealthConfig

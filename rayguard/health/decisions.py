@@ -1,7 +1,7 @@
 """Health decisions as data: a check's :class:`~rayguard.health.checks.Verdict` becomes one
 :class:`Decision` (continue, restart, fail); each host has one executor that acts on it: a
 worker raises (NaN) or kills itself (stall), a sweep restarts or fails the trial
-(:mod:`rayguard.tune.executor`).
+(:mod:`rayguard._ray.tune`).
 """
 
 from __future__ import annotations

@@ -213,9 +213,10 @@ def start_coordinator(events_file: str, observe: dict[str, Any] | None = None):
     """Start the run's coordinator on the driver's node (no CPU reserved). ``observe``: the
     :class:`~rayguard.observe.observer.RunObserver` arguments (run name, straggler rule)."""
     import ray
-    from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]
+
+    from rayguard._ray.core import node_id_label
 
     node_id = ray.get_runtime_context().get_node_id()
     return ray.remote(RunCoordinator).options(
-        num_cpus=0, max_concurrency=1024, label_selector={RAY_NODE_ID_KEY: node_id},
+        num_cpus=0, max_concurrency=1024, label_selector={node_id_label(): node_id},
     ).remote(events_file, observe)

@@ -5,7 +5,7 @@ All hooks run in the Tune driver's event loop (the thread that called ``Tuner.fi
 callback feeds each result to the pure checks (:mod:`rayguard.health.checks`,
 :mod:`rayguard.health.series`), turns verdicts
 into decisions (:mod:`rayguard.tune.decisions`) and applies them at the start of the next
-loop turn (:mod:`rayguard.tune.executor`), never in the middle of Tune's result handling.
+loop turn (:mod:`rayguard._ray.tune`), never in the middle of Tune's result handling.
 A stall needs a timer, since a stalled trial reports nothing: ``on_step_begin``, which Tune
 calls on every loop turn (at least every ~0.1 s), checks the time since each running
 trial's last result.
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
+from rayguard._ray import tune as executor
 from rayguard.health.checks import NONFINITE, Point, Verdict, check_stall, numeric_metrics
 from rayguard.health.config import HealthConfig
 from rayguard.health.decisions import RESTART, CheckpointRecord, Decision
 from rayguard.health.series import check_result, recent_count
 from rayguard.health.sweep_config import SweepHealthConfig, resolve_sweep_health
 from rayguard.tune import events as ev
-from rayguard.tune import executor
 from rayguard.tune.decisions import decide, rewind
 from rayguard.tune.verify import checkpoint_is_good
 
@@ -260,11 +260,8 @@ class HealthCallback(Callback):
 
     def _record_path(self, watch: TrialHealth, iteration: int, path: str,
                      result: dict) -> None:
-        from ray.train._internal.session import _TrainingResult
-        from ray.tune import Checkpoint
-
         metrics = {k: v for k, v in result.items() if k != "config"}
-        source = _TrainingResult(checkpoint=Checkpoint(path), metrics=metrics)
+        source = executor.training_result(path, metrics)
         watch.records.append(CheckpointRecord(iteration, path, source))
         del watch.records[:-MAX_RECORDS]
 

@@ -3,7 +3,7 @@
 :func:`decide` turns a :class:`~rayguard.health.checks.Verdict` into a
 :class:`~rayguard.health.decisions.Decision`
 (``RESTART`` from the newest good checkpoint taken before the anomaly began, or ``FAIL``
-once the restart budget is spent); :mod:`rayguard.tune.executor` applies it.
+once the restart budget is spent); :mod:`rayguard._ray.tune` applies it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import Any
 
+from rayguard._ray.tune import experiment_path, stored_run_config
 from rayguard.constants import DEFAULT_SERIALIZERS, SERIALIZERS_ENV_VAR, env_str
 from rayguard.exceptions import config_error
 from rayguard.health.config import HealthConfig
@@ -47,15 +48,6 @@ def _with_callback(callbacks: list[Any] | None, callback: HealthCallback) -> lis
     return [*out, callback]
 
 
-def _experiment_path(run_config: Any) -> str:
-    from ray.train._internal.storage import StorageContext
-
-    storage = StorageContext(storage_path=run_config.storage_path,
-                             experiment_dir_name=run_config.name,
-                             storage_filesystem=run_config.storage_filesystem)
-    return storage.experiment_fs_path
-
-
 def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
         tune_config: Any = None, run_config: Any = None,
         health: HealthConfig | None = None, sweep_health: SweepHealthConfig | None = None,
@@ -91,12 +83,12 @@ def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
                                "leave run_config and tune_config out when passing restore=")
         tuner = tune.Tuner.restore(restore, trainable, resume_errored=resume_errored,
                                    param_space=param_space)
-        stored = tuner._local_tuner.get_run_config()  # type: ignore[union-attr]  # the unpickled RunConfig
+        stored = stored_run_config(tuner)  # the unpickled RunConfig
         stored.callbacks = _with_callback(stored.callbacks, callback)
     else:
         run_config = copy.copy(run_config) if run_config is not None else tune.RunConfig()
         run_config.callbacks = _with_callback(run_config.callbacks, callback)
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                            run_config=run_config)
-        stored = tuner._local_tuner.get_run_config()  # type: ignore[union-attr]
-    return TuneRun(tuner, callback, _experiment_path(stored))
+        stored = stored_run_config(tuner)
+    return TuneRun(tuner, callback, experiment_path(stored))

@@ -66,6 +66,7 @@ def clean(ray_local_module, tmp_path_factory):
     return weights
 
 
+@pytest.mark.compat  # also run on the oldest supported Ray
 def test_kill_rank1_resumes_exactly(clean, tmp_path):
     weights, events = _fit(tmp_path, "kill", faults="kill:rank=1,step=5")
     assert _equal(weights, clean)

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from rayguard import HealthConfig
+from rayguard._ray import tune as executor
 from rayguard.tune import callback as cb
-from rayguard.tune import executor
 
 
 class Clock:
