@@ -1,11 +1,13 @@
 # Two commands on a fresh machine (no venv, no torch):
 #   make quickstart   # sets up .venv, then trains a small model on a local Ray cluster (CPU)
 #   make test         # sets up .venv, then runs the test suite
+# CI also runs `make test-oldest-ray`: unit tests plus the `compat` end-to-end set on the
+# oldest supported Ray, in its own venv (docs/compatibility.md).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup quickstart test lint bench
+.PHONY: setup quickstart test test-oldest-ray lint bench
 # First run: creates .venv and installs torch (CPU build), Ray and the test tools; pip's
 # progress is shown. Later runs skip this step (the stamp file is newer than its inputs).
 $(BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
@@ -26,6 +28,24 @@ quickstart: setup
 
 test: setup
 	$(BIN)/python -m pytest tests
+
+# The oldest Ray rayguard supports (pyproject's ray range starts here).
+OLDEST_RAY ?= 2.59.0
+OLD_VENV := .venv-ray$(OLDEST_RAY)
+OLD_BIN := $(OLD_VENV)/bin
+$(OLD_BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
+	@echo "== creating $(OLD_VENV): Ray $(OLDEST_RAY), same constraints =="
+	$(PY) -m venv $(OLD_VENV)
+	$(OLD_BIN)/python -m pip install -q --upgrade pip
+	$(OLD_BIN)/python -m pip install -q -r requirements/constraints.txt
+	$(OLD_BIN)/python -m pip install -q -c requirements/constraints.txt "ray[train,tune,default]==$(OLDEST_RAY)"
+	$(OLD_BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[test]" "ray==$(OLDEST_RAY)"
+	touch $@
+
+test-oldest-ray: $(OLD_BIN)/.rayguard-setup
+	$(OLD_BIN)/python -c "import ray; assert ray.__version__ == '$(OLDEST_RAY)', ray.__version__"
+	$(OLD_BIN)/python -m pytest tests/unit
+	$(OLD_BIN)/python -m pytest tests/ray -m compat
 
 lint: setup
 	$(BIN)/ruff check rayguard tests examples

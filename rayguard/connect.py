@@ -88,7 +88,7 @@ def init_ray(address: str, *, found_automatically: bool) -> None:
     import ray
 
     if found_automatically:
-        from rayguard._ray_internals import enable_default_token_auth
+        from rayguard._ray.core import enable_default_token_auth
 
         enable_default_token_auth()
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)

@@ -30,6 +30,11 @@ DEFAULT_SERIALIZERS = "1"
 SERIALIZERS_CUDA_ENV_VAR = "RAYGUARD_SERIALIZERS_CUDA"
 DEFAULT_SERIALIZERS_CUDA = "receiver"
 
+# Seconds a worker that received SIGTERM keeps running to take a just-in-time checkpoint
+# before the signal is handed on (see rayguard.train.preemption).
+PREEMPTION_GRACE_ENV_VAR = "RAYGUARD_PREEMPTION_GRACE_S"
+DEFAULT_PREEMPTION_GRACE_S = 25.0
+
 # Ray Train's controller poll interval; rayguard lowers it so that reports do not wait
 # for a 2 s poll. A value the user set explicitly is kept.
 RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -44,11 +49,13 @@ KNOWN_ENV_VARS = frozenset(
         LOG_LEVEL_ENV_VAR,
         SERIALIZERS_ENV_VAR,
         SERIALIZERS_CUDA_ENV_VAR,
+        PREEMPTION_GRACE_ENV_VAR,
     }
 )
 
 ENV_VARS_TO_PROPAGATE = frozenset({FAULTS_ENV_VAR, TOPOLOGY_ENV_VAR, LOG_LEVEL_ENV_VAR,
-                                   SERIALIZERS_ENV_VAR, SERIALIZERS_CUDA_ENV_VAR})
+                                   SERIALIZERS_ENV_VAR, SERIALIZERS_CUDA_ENV_VAR,
+                                   PREEMPTION_GRACE_ENV_VAR})
 
 
 def env_str(name: str, default: str) -> str:

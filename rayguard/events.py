@@ -1,10 +1,16 @@
-"""The run's event log: ``rayguard_events.jsonl`` in the run directory (``Result.path``).
+"""The event log of runs and sweeps: one record shape, one writer, one reader.
 
-One JSON object a line with at least ``time``, ``kind``, ``rank``, ``node``, ``step``,
-``attempt`` and a human ``detail``. Kinds: ``start``, ``attempt_started``,
+A run writes ``rayguard_events.jsonl`` in its run directory (``Result.path``); a sweep writes
+``rayguard_sweep_events.jsonl`` in its experiment directory (:mod:`rayguard.tune.events`,
+which adds ``trial_id``). One JSON object a line with at least ``time``, ``kind``, ``rank``,
+``node``, ``step``, ``attempt`` and a human ``detail``; other fields sit beside them.
+Non-finite floats are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (strict JSON,
+readable by ``jq``). Reading (tolerant of unknown kinds and cut lines) is
+:mod:`rayguard.observe.log`'s, for both files. Kinds: ``start``, ``attempt_started``,
 ``checkpoint_committed``, ``checkpoint_rejected``, ``stall_detected``, ``nan_detected``,
 ``worker_died``, ``restart``, ``restored``, ``failed``, ``finished`` (and ``preflight_error``,
-``fault_injected``, ``crash_loop``, ``not_retried``, and from :mod:`rayguard.observe` ``steps``
+``fault_injected``, ``crash_loop``, ``not_retried``, ``preemption_notice``,
+``preemption_checkpoint``, and from :mod:`rayguard.observe` ``steps``
 and ``straggler``). A person should be able to tell what happened from this file alone.
 """
 
@@ -12,18 +18,24 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rayguard.constants import EVENTS_FILENAME
 
+BASE_FIELDS = ("time", "kind", "rank", "node", "step", "attempt", "detail")
+"""The fields every record has (``None`` where they do not apply, e.g. ``rank`` in a sweep)."""
+
 KINDS = (
     "start", "attempt_started", "checkpoint_committed", "checkpoint_rejected",
     "stall_detected", "nan_detected", "worker_died", "restart", "restored", "failed",
     "finished", "preflight_error", "fault_injected", "crash_loop", "not_retried",
+    "preemption_notice", "preemption_checkpoint",  # rayguard.train.preemption
     "steps", "straggler",  # rayguard.observe: per-rank step timing summaries, slow ranks
 )
 
@@ -39,6 +51,27 @@ def make_event(kind: str, detail: str, *, rank: int | None = None, node: str | N
     return event
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as strings (``"nan"``), recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def append_events(path: Path, events: Iterable[dict[str, Any]]) -> None:
+    """Append ``events`` to the JSONL file ``path`` (created with its directory), one line
+    each. Raises OSError; the caller decides whether a failed write matters."""
+    text = "".join(json.dumps(json_safe(e), default=str, sort_keys=True) + "\n" for e in events)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+
+
 class EventLog:
     """Appends events to a JSONL file; safe to call from several threads of one process."""
 
@@ -47,13 +80,9 @@ class EventLog:
         self._lock = threading.Lock()
 
     def append(self, event: dict[str, Any]) -> None:
-        line = json.dumps(event, default=str, sort_keys=True) + "\n"
         with self._lock:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(line)
-                    f.flush()
+                append_events(self.path, [event])
             except OSError as exc:  # a full disk must not turn into a second failure
                 logging.getLogger("rayguard").warning(
                     "rayguard: could not write event %s to %s: %s", event.get("kind"), self.path, exc)
@@ -82,9 +111,9 @@ def read(path: str | os.PathLike[str], filesystem: Any = None) -> list[dict[str,
 
 
 def _parse(text: str) -> list[dict[str, Any]]:
-    events = [json.loads(line) for line in text.splitlines() if line.strip()]
-    events.sort(key=lambda e: e.get("time", 0.0))
-    return events
+    from rayguard.observe.log import parse_lines
+
+    return parse_lines(text, "run").events
 
 
 def _read_remote(path: str, filesystem: Any) -> list[dict[str, Any]]:

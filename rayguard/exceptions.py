@@ -23,6 +23,11 @@ def config_error(owner: str, field: str, value: object, why: str, fix: str) -> C
     return ConfigError(f"{owner}({field}={value!r}): {why}. Fix: {fix}")
 
 
+class RayVersionError(ConfigError):
+    """The installed Ray lacks an internal rayguard relies on (see ``docs/compatibility.md``).
+    The message names the Ray version, what is missing, and the supported range to install."""
+
+
 class WorkerSetupError(RayGuardError):
     """A worker could not be set up before the user's training function (device, env, NUMA)."""
 

@@ -54,7 +54,7 @@ def quiet_ray_reports() -> None:
     """In a worker: drop Ray's per-report INFO line unless ``RAYGUARD_LOG_LEVEL=DEBUG``."""
     if log_level() <= logging.DEBUG:
         return
-    from rayguard._ray_internals import train_context_logger
+    from rayguard._ray.core import train_context_logger
 
     target = train_context_logger()
     if not any(isinstance(f, _DropPerReportLines) for f in target.filters):

@@ -20,7 +20,8 @@ SEND_INTERVAL_S = 2.0
 """Rank 0 sends its progress to the coordinator at most this often."""
 
 NOTABLE_KINDS = frozenset({"worker_died", "restart", "stall_detected", "nan_detected",
-                           "checkpoint_rejected", "crash_loop", "not_retried", "straggler"})
+                           "checkpoint_rejected", "crash_loop", "not_retried", "straggler",
+                           "preemption_notice", "preemption_checkpoint"})
 """Event kinds printed on the driver's console as they happen."""
 
 

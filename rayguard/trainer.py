@@ -1,8 +1,9 @@
 """RobustTrainer: Ray Train's TorchTrainer with rayguard's set-up and watch around every worker.
 
-Thin by design: the worker-side pipeline is :mod:`rayguard.train.setup`, the failure policy
-:mod:`rayguard.health.failure_policy`, the controller-side hooks
-:mod:`rayguard.train.callbacks`.
+Thin by design: the worker-side pipeline is :mod:`rayguard.train.setup`; what runs in Ray
+Train's controller (callbacks, rank order, failure and scaling policies) is
+:mod:`rayguard.controller`; Ray's private trainer hooks are reached through
+:class:`rayguard._ray.train.GuardHooksTrainer`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import copy
 import logging
 import os
 import tempfile
+import warnings
 from typing import Any, cast
 
 from ray.train import Result
@@ -20,8 +22,8 @@ from ray.train.v2.api.config import (  # what ray.train exports under V2
     ScalingConfig,
 )
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
-from ray.train.v2.torch.torch_trainer import TorchTrainer  # = ray.train.torch.TorchTrainer
 
+from rayguard._ray.train import GuardHooksTrainer  # a ray.train.torch.TorchTrainer
 from rayguard.config import GuardConfig
 from rayguard.constants import EVENTS_FILENAME, RAY_TRAIN_POLL_INTERVAL_ENV_VAR, propagated_env
 from rayguard.events import events_path, make_event
@@ -45,7 +47,7 @@ def _with_restart_budget(run_config: RunConfig | None,
         "pass GuardConfig(health=HealthConfig(max_restarts=0))")
 
 
-class RobustTrainer(TorchTrainer):
+class RobustTrainer(GuardHooksTrainer):
     """A drop-in ``TorchTrainer`` whose workers are pinned, seeded, bound, watched and
     checkpointed with verification. Takes every ``TorchTrainer`` argument plus
     ``guard_config``."""
@@ -66,6 +68,9 @@ class RobustTrainer(TorchTrainer):
                 f"RobustTrainer(guard_config={guard_config!r}): must be a rayguard.GuardConfig. "
                 "Fix: pass guard_config=rayguard.GuardConfig(...) or leave it out."
             )
+        ignored = guard_config.health.sweep_only_warning()
+        if ignored is not None:
+            warnings.warn(ignored, UserWarning, stacklevel=2)
         self.guard_config = guard_config
         self._coordinator: Any = None
         self.last_metrics: dict[str, Any] | None = None
@@ -90,41 +95,40 @@ class RobustTrainer(TorchTrainer):
         return store_for(self.run_dir, self._rc.storage_context.storage_filesystem).fs
 
     # -- Ray Train hooks ----------------------------------------------------------------
-    def _get_train_func(self):
+    def wrap_train_func(self, train_func: Any) -> Any:
         from rayguard.train.setup import GuardedTrainFn
 
-        inner = super()._get_train_func()
         if self.running_in_local_mode:
-            return inner
-        return GuardedTrainFn(inner, self.guard_config, self._coordinator, self.run_dir)
+            return train_func
+        return GuardedTrainFn(train_func, self.guard_config, self._coordinator, self.run_dir)
 
-    def _create_default_callbacks(self):
-        from rayguard.train.callbacks import RayGuardCallback
+    def controller_callbacks(self, callbacks: list[Any]) -> list[Any]:
+        from rayguard.controller.callbacks import RayGuardCallback
+        from rayguard.controller.rank_order import CoordinatorStore, RankOrder
 
-        callbacks = super()._create_default_callbacks()
+        store = None
         if self._coordinator is not None:
             callbacks.append(RayGuardCallback(self._coordinator))
-        from rayguard.placement.rank_order import RankOrder
-
-        callbacks.append(RankOrder(numa=self.guard_config.numa != "off"))
+            store = CoordinatorStore(self._coordinator)
+        callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store))
         return callbacks
 
-    def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Result:
-        from rayguard.health.failure_policy import GuardFailurePolicy
+    def controller_policies(self) -> dict[str, Any]:
+        from rayguard.controller.failure_policy import GuardFailurePolicy
 
-        controller_init_kwargs["failure_policy"] = GuardFailurePolicy(
+        policies: dict[str, Any] = {"failure_policy": GuardFailurePolicy(
             cast(FailureConfig, self._rc.failure_config), self._coordinator,
-            self.guard_config.health.crash_loop_retries)
+            self.guard_config.health.crash_loop_retries)}
         scaling_policy = self._scaling_policy()
         if scaling_policy is not None:
-            controller_init_kwargs["scaling_policy"] = scaling_policy
-        return super()._initialize_and_run_controller(**controller_init_kwargs)
+            policies["scaling_policy"] = scaling_policy
+        return policies
 
     def _scaling_policy(self) -> Any:
         """Elastic runs only use world sizes that keep the global batch exact."""
         if self.guard_config.global_batch_size is None:
             return None
-        from rayguard.elastic.scaling import make_scaling_policy
+        from rayguard.controller.scaling import make_scaling_policy
 
         return make_scaling_policy(self.scaling_config, self.guard_config)
 
@@ -136,13 +140,13 @@ class RobustTrainer(TorchTrainer):
 
         from rayguard.logs import configure_logging
         from rayguard.progress import ProgressPrinter
+        from rayguard.serialization.register import register_if_enabled
         from rayguard.train.coordinator import start_coordinator
-        from rayguard.train.setup import register_serializers
 
         configure_logging()
         if not ray.is_initialized():
             ray.init()
-        register_serializers(self.guard_config)
+        register_if_enabled(self.guard_config.serializers)
         run_dir = self.run_dir
         if self._remote_fs is None:
             os.makedirs(run_dir, exist_ok=True)
@@ -208,7 +212,7 @@ class RobustTrainer(TorchTrainer):
             return exc, None
         import ray
 
-        from rayguard.health.failure_policy import STOP_REASON_KEY
+        from rayguard.controller.failure_policy import STOP_REASON_KEY
 
         try:
             stop, failures = ray.get([self._coordinator.get.remote(STOP_REASON_KEY),

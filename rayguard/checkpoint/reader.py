@@ -156,3 +156,44 @@ def _to_device(state: Any, device: torch.device) -> Any:
     return state
 
 
+
+
+def read_shard_bytes(data: Any, record: FileRecord | None, where: str, *,
+                     threads: int | None = None) -> Any:
+    """Load one shard from memory (``data``: bytes or a uint8 buffer holding the whole file),
+    with the same checks and the same decoder as :func:`read_shard_file`: every byte is hashed
+    (against ``record`` unless it is None) while it is copied into freshly allocated tensors,
+    so the state returned never shares memory with ``data``. Raises CheckpointCorruptError."""
+    buf = memoryview(data).cast("B")
+    size = buf.nbytes
+    if record is not None and size != record.size_bytes:
+        raise CheckpointCorruptError(f"{where}: size is {size} bytes, the manifest says {record.size_bytes}")
+    n = int.from_bytes(buf[:8], "little") if size >= 8 else -1
+    if n < 0 or n > fmt.MAX_HEADER_BYTES or 8 + n > size:
+        raise CheckpointCorruptError(f"{where}: shard header length {n} is impossible for a {size}-byte buffer (corrupt)")
+    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
+        hasher = StreamHasher(pool) if record is not None else None
+        try:
+            if hasher is not None:
+                hasher.add(buf[: 8 + n])
+            structure, entries, offset = fmt.parse_header(bytes(buf[8 : 8 + n]), size, where)
+            objects: list[Any] = []
+            for entry in entries:
+                obj, view = fmt.allocate(entry)
+                view[:] = buf[offset : offset + entry.nbytes]
+                offset += entry.nbytes
+                objects.append(obj)
+                if hasher is not None:
+                    hasher.add(view, obj)
+        except BaseException:
+            if hasher is not None:
+                hasher.cancel()
+            raise
+        if hasher is not None and record is not None:
+            digest, chunks = hasher.finish()
+            if digest != record.digest:
+                raise CheckpointCorruptError(f"{where}: {describe_digest_mismatch(record, digest, chunks)}")
+    try:
+        return fmt.decode(structure, objects)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise CheckpointCorruptError(f"{where}: shard structure is invalid ({exc})") from None

@@ -42,13 +42,13 @@ def resolve_address(address: str | None) -> str | None:
 
     ``"auto"``: RAY_ADDRESS / the latest local cluster, else None. ``None``/``"none"``: None.
     Anything else must be reachable, or DoctorUnavailableError."""
-    from ray._private.services import canonicalize_bootstrap_address
+    from rayguard._ray.core import resolve_auto_address
 
     if address in (None, LOCAL_ONLY):
         return None
     if address == "auto":
         try:
-            found = canonicalize_bootstrap_address("auto")
+            found = resolve_auto_address()
         except ConnectionError:
             return None
         return found if found and _gcs_reachable(found) else None

@@ -6,7 +6,7 @@ The invariant rayguard keeps across resizes::
 
 ``global_batch_size`` and ``micro_batch_size`` are fixed by the user; ``world_size`` is what
 the cluster gives; ``grad_accum_steps`` absorbs the difference. A world size for which no
-integer accumulation exists is *invalid* and is never used (see :mod:`rayguard.elastic.scaling`).
+integer accumulation exists is *invalid* and is never used (see :mod:`rayguard.controller.scaling`).
 
 Everything here is pure arithmetic over ints.
 """

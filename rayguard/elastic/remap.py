@@ -174,3 +174,34 @@ def plan_ranks(
     return RankAssignment(
         ranks={w: r for r, w in enumerate(final)}, previous_rank=prev_rank, world_size=n,
         previous_world_size=len(previous), world_size_changed=len(previous) != n, slots=final)
+
+
+def remap_permutation(workers: Sequence[WorkerSlot],
+                      previous: Mapping[WorkerSlot, int]) -> list[int]:
+    """:func:`plan_ranks` as a permutation of ``workers``: new rank ``r`` goes to
+    ``workers[perm[r]]`` (what a controller hook applies to Ray's worker list)."""
+    index = {slot: i for i, slot in enumerate(workers)}
+    return [index[slot] for slot in plan_ranks(workers, previous).slots]
+
+
+ASSIGNMENT_KEY = "elastic_assignment"
+"""The run coordinator's key for the rank-assignment record, ``{"previous": state | None,
+"current": state}`` with each state a :meth:`RankAssignment.to_state` mapping. The one
+source of truth for the previous attempt's ranks: written only by the controller's
+rank-order hook, before the workers of an attempt learn their ranks; read by the workers."""
+
+
+def next_record(record: Mapping[str, object] | None, current: Sequence[WorkerSlot]) -> dict:
+    """The record after an attempt whose ranks are ``current`` (indexed by rank)."""
+    previous = record.get("current") if record else None
+    return {"previous": previous, "current": {slot_key(s): r for r, s in enumerate(current)}}
+
+
+def previous_rank_of(record: Mapping[str, object] | None, rank: int) -> tuple[int | None, int | None]:
+    """``(rank the same slot held in the previous attempt, previous world size)`` for the
+    worker with ``rank`` in the current attempt; ``(None, None)`` on a first attempt."""
+    if not record or not record.get("previous"):
+        return None, None
+    previous = dict(record["previous"])  # type: ignore[call-overload]
+    key = {r: k for k, r in dict(record["current"]).items()}.get(rank)  # type: ignore[call-overload]
+    return (previous.get(key) if key is not None else None), len(previous)

@@ -1,4 +1,14 @@
-"""Health of a run: the progress watchdog, the NaN guard, decisions and their executor."""
+"""Health of runs and sweeps, one package.
+
+Pure: :mod:`~rayguard.health.checks` (checks over one observation: non-finite metrics,
+stall), :mod:`~rayguard.health.series` (checks over a trial's series: divergence,
+throughput collapse, memory growth), :mod:`~rayguard.health.decisions` (the one
+``Decision`` type), :mod:`~rayguard.health.crash_loop`; configs
+:mod:`~rayguard.health.config` (``HealthConfig``) and :mod:`~rayguard.health.sweep_config`
+(``SweepHealthConfig``). Executors, one per host: a worker's watchdog and NaN guard
+(:mod:`~rayguard.health.watchdog`, the session: kill or raise) and a sweep's
+:mod:`rayguard._ray.tune` (restart or fail the trial).
+"""
 
 from rayguard.health.config import HealthConfig
 

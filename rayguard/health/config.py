@@ -1,21 +1,22 @@
-"""HealthConfig: what the progress watchdog, the NaN guard and the Tune health checks watch."""
+"""HealthConfig: what the progress watchdog, the NaN guard and the stall/NaN checks of a sweep watch."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from rayguard.exceptions import config_error
+from rayguard.health.sweep_config import Mode, check_sweep_fields, sweep_fields_set
 
 NanPolicy = Literal["restart", "fail"]
-Mode = Literal["min", "max"]
 
 
 @dataclass(frozen=True)
 class HealthConfig:
     """Health checks of a training run (``GuardConfig(health=...)``) or a sweep
-    (``rayguard.tune.run(health=...)``)."""
+    (``rayguard.tune.run(health=...)``). A sweep's series checks (divergence, throughput,
+    memory) have their own config, :class:`~rayguard.tune.SweepHealthConfig`."""
 
     stall_timeout_s: float | None = None
     """Seconds without progress (a ``report`` or ``heartbeat``) after which a rank is stuck.
@@ -70,36 +71,35 @@ class HealthConfig:
     a whole window before it can be flagged, so one slow step or a slow start never is.
     Must be >= ``step_summary_interval_s``."""
 
-    # -- checks that look at a trial's series of results (rayguard.tune) ---------------------
+    # -- sweep only (rayguard.tune.run): prefer rayguard.tune.SweepHealthConfig -------------
+    # Accepted here so that a HealthConfig passed to rayguard.tune.run keeps working;
+    # RobustTrainer warns when any is set. Each is documented on SweepHealthConfig.
     mode: Mode = "min"
-    """Whether the first watched metric is minimised or maximised (for divergence)."""
+    """Sweep only: see :attr:`SweepHealthConfig.mode`."""
 
     divergence_factor: float | None = 10.0
-    """Diverged when the first watched metric is worse than this factor times the trial's own
-    best and its rolling median (``None`` turns the check off)."""
+    """Sweep only: see :attr:`SweepHealthConfig.divergence_factor`."""
 
     window: int = 20
-    """Results in the rolling windows (median, throughput median, memory trend)."""
+    """Sweep only: see :attr:`SweepHealthConfig.window`."""
 
     min_results: int = 5
-    """Results a trial must have reported before divergence/throughput/memory are judged."""
+    """Sweep only: see :attr:`SweepHealthConfig.min_results`."""
 
     throughput_collapse_fraction: float | None = 0.1
-    """Collapsed when results per second fall below this fraction of the trial's own median
-    (``None`` turns the check off)."""
+    """Sweep only: see :attr:`SweepHealthConfig.throughput_collapse_fraction`."""
 
     memory_metrics: tuple[str, ...] = ("memory_bytes", "gpu_memory_bytes")
-    """Reported metrics holding host/GPU memory in bytes, watched for steady growth."""
+    """Sweep only: see :attr:`SweepHealthConfig.memory_metrics`."""
 
     memory_growth_fraction: float | None = 0.5
-    """Memory growth: the metric rose at every one of the last ``window`` results and by more
-    than this fraction in total (``None`` turns the check off)."""
+    """Sweep only: see :attr:`SweepHealthConfig.memory_growth_fraction`."""
 
     def __post_init__(self) -> None:
-        for name in ("watch_metrics", "memory_metrics"):
-            value = getattr(self, name)
-            if isinstance(value, (list, str)):
-                object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        value = self.watch_metrics
+        if isinstance(value, (list, str)):
+            object.__setattr__(self, "watch_metrics",
+                               (value,) if isinstance(value, str) else tuple(value))
         if self.stall_timeout_s is not None and not (
             isinstance(self.stall_timeout_s, (int, float)) and self.stall_timeout_s > 0
             and math.isfinite(self.stall_timeout_s)
@@ -161,24 +161,24 @@ class HealthConfig:
                                "use a window of several intervals, e.g. 60 with an interval of 5")
 
     def _check_series_fields(self) -> None:
-        if self.mode not in ("min", "max"):
-            raise config_error("HealthConfig", "mode", self.mode, 'must be "min" or "max"',
-                               'pass mode="min" for a loss')
-        for name in ("window", "min_results"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 2):
-                raise config_error("HealthConfig", name, value, "must be an int >= 2",
-                                   f"pass e.g. {name}=20")
-        for name, lo, hi in (("divergence_factor", 1.0, float("inf")),
-                             ("throughput_collapse_fraction", 0.0, 1.0),
-                             ("memory_growth_fraction", 0.0, float("inf"))):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and lo < value <= hi):
-                raise config_error("HealthConfig", name, value, f"must be in ({lo}, {hi}] or None",
-                                   f"pass a value in that range, or {name}=None to turn it off")
-        if not all(isinstance(m, str) and m for m in self.memory_metrics):
-            raise config_error("HealthConfig", "memory_metrics", self.memory_metrics,
-                               "must be metric names", 'pass e.g. memory_metrics=("memory_bytes",)')
+        check_sweep_fields(self, "HealthConfig")
+
+    def sweep_fields_set(self) -> dict[str, Any]:
+        """The sweep-only fields given other values than their defaults (RobustTrainer
+        ignores them; ``rayguard.tune.run`` uses them)."""
+        return sweep_fields_set(self)
+
+    def sweep_only_warning(self) -> str | None:
+        """What ``RobustTrainer`` says when this config sets sweep-only fields it cannot use
+        (``None``: it sets none)."""
+        given = self.sweep_fields_set()
+        if not given:
+            return None
+        listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        return (f"GuardConfig(health=HealthConfig({listed})): these settings belong to a "
+                "sweep's series checks (rayguard.tune.run) and RobustTrainer does not use them. "
+                "Fix: leave them out of the trainer's HealthConfig; for a sweep pass "
+                f"rayguard.tune.run(..., sweep_health=rayguard.tune.SweepHealthConfig({listed}))")
 
     def progress_bound(self, slowest_step_s: float | None, *, started: bool) -> tuple[str, float]:
         """The bound in force: ``("startup", startup_timeout_s)`` before the first completed

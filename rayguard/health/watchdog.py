@@ -14,8 +14,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from rayguard.health.checks import check_stall
 from rayguard.health.config import HealthConfig
-from rayguard.health.decisions import Decision, check_stall
+from rayguard.health.decisions import Decision, stall_decision
 
 
 class Watchdog:
@@ -55,7 +56,8 @@ class Watchdog:
 
     def check(self) -> Decision:
         name, timeout_s = self.bound
-        return check_stall(self.clock(), self.last_progress, timeout_s, bound=name)
+        return stall_decision(check_stall("", self.last_progress, self.clock(), timeout_s,
+                                          bound=name))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="rayguard-watchdog", daemon=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from rayguard.constants import EVENTS_FILENAME
 
-SWEEP_EVENTS_FILENAME = "rayguard_sweep_events.jsonl"  # = rayguard.tune.events.EVENTS_FILE
+SWEEP_EVENTS_FILENAME = "rayguard_sweep_events.jsonl"
 
 
 @dataclass
@@ -72,8 +72,9 @@ def locate(location: str, filesystem: Any = None) -> EventSource:
 
 
 def normalize(raw: dict[str, Any], kind: str) -> dict[str, Any]:
-    """One shape for both logs: a sweep event's ``trial_id`` and ``data`` fields are lifted
-    next to the run fields (``rank``, ``node``, ``step``, ``attempt`` are None there)."""
+    """One shape for both logs. A sweep's records are written in the run's shape (with
+    ``trial_id``); files from earlier versions nest a sweep event's fields under ``data``,
+    which are lifted next to the run fields here."""
     if kind != "sweep":
         return raw
     event = dict(raw)

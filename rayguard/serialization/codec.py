@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from rayguard.exceptions import SerializationError
-from rayguard.serialization import cow
+from rayguard.serialization import cow, receipt
 from rayguard.serialization.policy import SerializerPolicy, current_policy, plan_device
 
 FORMAT_VERSION = 1
@@ -114,9 +114,7 @@ def _auto_register() -> None:
     global _auto_registered
     if not _auto_registered and "ray" in sys.modules:
         _auto_registered = True
-        from rayguard.serialization.register import ensure_registered_on_receipt
-
-        ensure_registered_on_receipt()
+        receipt.on_receipt()
 
 
 def _dtype(header: TensorHeader) -> torch.dtype:

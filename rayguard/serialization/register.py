@@ -23,6 +23,7 @@ from typing import Any
 
 from rayguard.constants import SERIALIZERS_ENV_VAR  # "0": no registration on receipt
 from rayguard.serialization.policy import SerializerPolicy, set_policy
+from rayguard.serialization.receipt import set_receipt_hook
 
 _lock = threading.RLock()
 _previous: dict[type, Any] = {}  # reducers we replaced (e.g. Ray's zero-copy one)
@@ -36,9 +37,9 @@ def _tensor_types() -> tuple[type, ...]:
 
 
 def _dispatch() -> Any:
-    import ray.cloudpickle
+    from rayguard._ray.serialization import dispatch_table
 
-    return ray.cloudpickle.CloudPickler.dispatch
+    return dispatch_table()
 
 
 def register_tensor_serializers(cuda: str = "receiver", zero_copy: bool = True) -> None:
@@ -63,6 +64,15 @@ def register_tensor_serializers(cuda: str = "receiver", zero_copy: bool = True) 
                 _previous[cls] = current
             register_serializer(cls, serializer=encode, deserializer=decode)
         _opted_out = False
+
+
+def register_if_enabled(enabled: bool = True) -> bool:
+    """:func:`register_tensor_serializers` unless ``enabled`` is False (``GuardConfig(
+    serializers=False)``) or ``RAYGUARD_SERIALIZERS=0``; returns whether it registered."""
+    if not enabled or os.environ.get(SERIALIZERS_ENV_VAR, "1") == "0":
+        return False
+    register_tensor_serializers()
+    return True
 
 
 def deregister_tensor_serializers() -> None:
@@ -126,7 +136,10 @@ def _is_ours(reducer: Any) -> bool:
         return False
     if reducer is _reduce:
         return True
+    from rayguard._ray.serialization import wraps_deserializer
     from rayguard.serialization.codec import decode
 
-    cells = getattr(reducer, "__closure__", None) or ()
-    return any(getattr(c, "cell_contents", None) is decode for c in cells)
+    return wraps_deserializer(reducer, decode)
+
+
+set_receipt_hook(ensure_registered_on_receipt)  # the decoder calls it on first receipt

@@ -9,7 +9,8 @@ from typing import Any
 from ray.train import UserCallback
 from ray.train.v2.api.config import RunConfig, ScalingConfig
 
-import rayguard
+from rayguard.config import GuardConfig
+from rayguard.trainer import RobustTrainer
 
 
 class RecordReports(UserCallback):
@@ -31,13 +32,13 @@ def read_reports(path: str) -> list[list[dict[str, Any]]]:
 
 
 def make_trainer(fn, tmp_path, *, num_workers: int = 2, config: dict | None = None,
-                 guard: rayguard.GuardConfig | None = None, callbacks=None, name: str = "run",
-                 **run_kwargs) -> rayguard.RobustTrainer:
-    return rayguard.RobustTrainer(
+                 guard: GuardConfig | None = None, callbacks=None, name: str = "run",
+                 **run_kwargs) -> RobustTrainer:
+    return RobustTrainer(
         fn,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=num_workers),
         run_config=RunConfig(storage_path=str(tmp_path), name=name, callbacks=callbacks,
                              **run_kwargs),
-        guard_config=guard or rayguard.GuardConfig(),
+        guard_config=guard or GuardConfig(),
     )

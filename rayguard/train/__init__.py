@@ -15,7 +15,8 @@ from rayguard.train.context import GuardContext, get_context
 if TYPE_CHECKING:
     from rayguard.train.session import WorkerSession
 
-__all__ = ["ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_state", "report"]
+__all__ = ["ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_state", "report",
+           "should_checkpoint"]
 
 
 def _session() -> WorkerSession:
@@ -50,6 +51,17 @@ def report(metrics: dict[str, Any], *, state: Any = None, step: int | None = Non
 def heartbeat() -> None:
     """Tell the progress watchdog this rank is alive during a long step."""
     _session().heartbeat()
+
+
+def should_checkpoint() -> bool:
+    """True when this step should pass ``state=`` to ``report``: a preemption notice (SIGTERM
+    to a worker, or a Ray node drain) reached some rank at an earlier report, and no
+    checkpoint was saved since. The same value on every rank at the same step, so
+
+    >>> report(metrics, state=state if should_checkpoint() or step % 100 == 0 else None)
+
+    checkpoints just in time. Costs nothing: the notice rides on each report's agreement."""
+    return _session().should_checkpoint()
 
 
 def load_state(*, sharded: dict[str, Any] | None = None) -> Any:

@@ -43,11 +43,12 @@ from rayguard.train.protocol import (
 
 if TYPE_CHECKING:
     from rayguard.train.collective import Collective
+    from rayguard.train.protocol import MemoryTier
     from rayguard.train.store import CheckpointStore
 
 logger = logging.getLogger("rayguard")
 
-__all__ = ["Plan", "ShardedStateError", "agree_intent", "checkpoint_name", "load_state",
+__all__ = ["Plan", "SessionMemoryTier", "ShardedStateError", "agree_intent", "checkpoint_name", "load_state",
            "maybe_checkpoint", "read_state", "save_planned", "snapshot_payload"]
 
 
@@ -153,7 +154,8 @@ def snapshot_payload(state: Any) -> dict[str, Any]:
 
 
 def save_planned(collective: Collective, store: CheckpointStore, plan: Plan, payload: Any, *,
-                 attempt: int, sharded: Any = None, **event: Any) -> Committed | None:
+                 attempt: int, sharded: Any = None, tier: MemoryTier | None = None,
+                 **event: Any) -> Committed | None:
     """Run the commit protocol for ``plan`` (every rank)."""
     write_dcp = None
     if plan.sharded:
@@ -164,22 +166,24 @@ def save_planned(collective: Collective, store: CheckpointStore, plan: Plan, pay
 
     return save(collective, store, payload, step=plan.step, attempt=attempt, tag=plan.tag,
                 write_dcp=write_dcp, dcp_keys=sorted(sharded) if plan.sharded else None,
-                started=plan.started, **event)
+                started=plan.started, tier=tier, **event)
 
 
 def maybe_checkpoint(collective: Collective, store: CheckpointStore, state: Any, step: int,
-                     sharded: Any, *, report_count: int, attempt: int) -> Committed | None:
+                     sharded: Any, *, report_count: int, attempt: int,
+                     tier: MemoryTier | None = None) -> Committed | None:
     """Run the commit protocol if any rank passed a state; returns the committed checkpoint
     on rank 0 (``None`` on other ranks or when nothing was saved)."""
     plan = agree_intent(collective, state, step, sharded, report_count)
     if plan is None:
         return None
     return save_planned(collective, store, plan, snapshot_payload(state), attempt=attempt,
-                        sharded=sharded)
+                        sharded=sharded, tier=tier)
 
 
 def load_state(collective: Collective, store: CheckpointStore, sharded: Any, *,
-               load_count: int, previous_rank: int | None) -> Restored | None:
+               load_count: int, previous_rank: int | None,
+               tier: MemoryTier | None = None) -> Restored | None:
     """``rayguard.train.load_state()``: the newest checkpoint that verifies, for this rank."""
     problem = None
     if sharded is not None:
@@ -190,10 +194,43 @@ def load_state(collective: Collective, store: CheckpointStore, sharded: Any, *,
     answers = collective.gather(f"{tag}:args", (sharded is not None, problem))
     _agree([_Intent(False, 0, has, p) for has, p in answers])
     if sharded is None:
-        return load(collective, store, tag=tag, previous_rank=previous_rank)
+        return load(collective, store, tag=tag, previous_rank=previous_rank, tier=tier)
     from rayguard.train.sharded import choose, restore
 
     verified = choose(collective, store, tag)
     collective.progress()
     return None if verified is None else restore(collective, store, verified, sharded,
                                                  previous_rank=previous_rank)
+
+
+class SessionMemoryTier:
+    """The in-memory tier's hooks for one worker session (:mod:`rayguard.train.memory_tier`
+    takes the session; ``session`` is not imported here)."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def enabled(self) -> bool:
+        from rayguard.train import memory_tier
+
+        return memory_tier.enabled(self._session)
+
+    def offer(self, final: str, step: int, payload: Any, record: Any) -> None:
+        from rayguard.train import memory_tier
+
+        memory_tier.offer(self._session, final, step, payload, record)
+
+    def committed(self, final: str, step: int) -> None:
+        from rayguard.train import memory_tier
+
+        memory_tier.committed(self._session, final, step)
+
+    def choose(self, skip: set[str]) -> str | None:
+        from rayguard.train import memory_tier
+
+        return memory_tier.choose(self._session, skip)
+
+    def prepare(self, chosen: str, choose_on_disk: Any) -> Any:
+        from rayguard.train import memory_tier
+
+        return memory_tier.prepare(self._session, chosen, lambda _session: choose_on_disk())

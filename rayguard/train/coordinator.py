@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
 from rayguard.events import EventLog
 from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.observe.observer import RunObserver
@@ -29,12 +30,15 @@ class RunCoordinator:
         self._store: dict[str, Any] = {}
         self._gathers: dict[str, dict[int, Any]] = {}
         self._gather_reads: dict[str, int] = {}
+        self._gather_calls = 0
         self._failures: dict[int, list[FailureRecord]] = {}
         self._commits: dict[int, int] = {}
         self._progress: dict[str, Any] = {}
         self._notable: list[dict[str, Any]] = []
         self._closed = False
         self._cond = threading.Condition()
+        self._memory = SnapshotRegistry()  # the memory tier (rayguard/train/memory_tier.py)
+        self._keepers: dict[str, Any] = {}
 
     # -- attempts and events -------------------------------------------------------------
     def new_attempt(self) -> int:
@@ -130,6 +134,7 @@ class RunCoordinator:
         """Block until ``world_size`` ranks have called with ``tag``; return the values by
         rank. ``None`` on timeout (a rank died: Ray restarts the group)."""
         with self._cond:
+            self._gather_calls += 1
             slot = self._gathers.setdefault(tag, {})
             slot[rank] = value
             self._cond.notify_all()
@@ -145,14 +150,73 @@ class RunCoordinator:
                 self._gather_reads[tag] = reads
             return values
 
+    # -- memory tier (rayguard/train/memory_tier.py) ------------------------------------------
+    def memory_keeper(self, node_id: str) -> Any:
+        """The keeper actor of ``node_id`` (started on first use; owned by this actor, so it
+        and the copies it holds outlive every worker-group restart, not this run)."""
+        from rayguard.train.memory_tier import start_keeper
+
+        with self._cond:
+            if node_id not in self._keepers:
+                self._keepers[node_id] = start_keeper(node_id)
+            return self._keepers[node_id]
+
+    def memory_offer(self, path: str, step: int, rank: int, node: str, digests: dict[str, str],
+                     refs: list[Any]) -> None:
+        """A rank's memory copy of checkpoint ``path`` (servable once ``path`` commits)."""
+        with self._cond:
+            self._memory.offer(Snapshot(path, step, rank, node, dict(digests), refs))
+
+    def memory_commit(self, path: str, step: int) -> None:
+        """Rank 0 committed ``path``: its copies become servable, older ones are freed."""
+        with self._cond:
+            self._memory.commit(path, step)
+
+    def memory_committed(self) -> str | None:
+        return self._memory.committed
+
+    def memory_lookup(self, path: str, rank: int) -> tuple[list[Any], dict[str, str]] | None:
+        """(``[ref]``, digests) of rank ``rank``'s copy of ``path`` if servable, else None."""
+        with self._cond:
+            snap = self._memory.lookup(path, rank)
+            return None if snap is None else (snap.refs, dict(snap.digests))
+
+    def memory_held(self) -> list[tuple[str, int, str]]:
+        """(path, rank, node) of every copy held (tests, ``rayguard`` diagnostics)."""
+        with self._cond:
+            return [(s.path, s.rank, s.node) for s in self._memory.held()]
+
+    def memory_corrupt_for_test(self, rank: int) -> bool:
+        """Test hook: replace rank ``rank``'s committed copy by one with a flipped byte (kept
+        in this actor's object store). False when there is none."""
+        import ray
+
+        with self._cond:
+            path = self._memory.committed
+            snap = None if path is None else self._memory.lookup(path, rank)
+            if snap is None:
+                return False
+            files = {name: data.copy() for name, data in ray.get(snap.refs[0]).items()}
+            name = sorted(files)[0]
+            files[name][len(files[name]) // 2] ^= 0xFF
+            snap.refs = [ray.put(files)]
+            return True
+
+
+    def gather_calls(self) -> int:
+        """How many gather calls arrived (every rank's call counts): a metrics-only report
+        makes none (rayguard.train.agreement)."""
+        return self._gather_calls
+
 
 def start_coordinator(events_file: str, observe: dict[str, Any] | None = None):
     """Start the run's coordinator on the driver's node (no CPU reserved). ``observe``: the
     :class:`~rayguard.observe.observer.RunObserver` arguments (run name, straggler rule)."""
     import ray
-    from ray._raylet import RAY_NODE_ID_KEY  # type: ignore[attr-defined]
+
+    from rayguard._ray.core import node_id_label
 
     node_id = ray.get_runtime_context().get_node_id()
     return ray.remote(RunCoordinator).options(
-        num_cpus=0, max_concurrency=1024, label_selector={RAY_NODE_ID_KEY: node_id},
+        num_cpus=0, max_concurrency=1024, label_selector={node_id_label(): node_id},
     ).remote(events_file, observe)

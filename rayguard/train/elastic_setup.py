@@ -4,6 +4,8 @@
 node then GPU order). A worker's identity across attempts is its slot (node, index on the
 node, GPUs; :mod:`rayguard.elastic.remap`); ``ctx.previous_rank`` is the rank the same slot
 held in the previous attempt (``None`` for a new worker), so rank-local state can follow it.
+Both come from the rank-assignment record the controller's rank-order hook
+(:mod:`rayguard.controller.rank_order`) writes before the workers start: the one source.
 """
 
 from __future__ import annotations
@@ -16,35 +18,31 @@ from rayguard.train.context import GuardContext
 if TYPE_CHECKING:
     from rayguard.train.session import WorkerSession
 
-ASSIGNMENT_KEY = "elastic_assignment"
-
-
-def _gpu(gid: str) -> Any:
-    return int(gid) if str(gid).isdigit() else gid
-
-
-def previous_assignment(session: WorkerSession) -> dict[str, int] | None:
-    """The previous attempt's ``slot key -> rank`` (read before this attempt stores its own)."""
+def previous_assignment(session: WorkerSession) -> dict[str, Any] | None:
+    """This attempt's rank-assignment record (``{"previous": ..., "current": ...}``, see
+    :data:`rayguard.elastic.remap.ASSIGNMENT_KEY`), or None without a coordinator."""
     if session.coordinator is None:
         return None
     import ray
+
+    from rayguard.elastic.remap import ASSIGNMENT_KEY
 
     return ray.get(session.coordinator.get.remote(ASSIGNMENT_KEY))
 
 
 def apply_elastic(ctx: GuardContext, guard: GuardConfig, session: WorkerSession,
-                  infos: list[dict[str, Any]], previous: dict[str, int] | None) -> None:
-    from rayguard.elastic.remap import slot_key, slots_from_workers
+                  infos: list[dict[str, Any]], record: dict[str, Any] | None) -> None:
+    """Set ``ctx.grad_accum_steps`` and, from the controller's ``record``,
+    ``ctx.previous_rank`` / ``ctx.world_size_changed`` (``infos``: the set-up gather, kept
+    for the caller's signature)."""
+    from rayguard.elastic.remap import previous_rank_of
 
     if guard.global_batch_size is not None and guard.micro_batch_size is not None:
         from rayguard.elastic import grad_accum_steps
 
         ctx.grad_accum_steps = grad_accum_steps(guard.global_batch_size, guard.micro_batch_size,
                                                 ctx.world_size)
-    slots = slots_from_workers([(i["node_id"], [_gpu(g) for g in i["gpu_ids"]]) for i in infos])
-    current = {slot_key(s): rank for rank, s in enumerate(slots)}
-    if previous:
-        ctx.previous_rank = previous.get(slot_key(slots[ctx.rank]))
-        ctx.world_size_changed = len(previous) != ctx.world_size
-    if ctx.rank == 0 and session.coordinator is not None:
-        session.coordinator.put.remote(ASSIGNMENT_KEY, current)
+    previous_rank, previous_world_size = previous_rank_of(record, ctx.rank)
+    if previous_world_size is not None:
+        ctx.previous_rank = previous_rank
+        ctx.world_size_changed = previous_world_size != ctx.world_size

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rayguard.checkpoint.manifest import ShardRecord
 from rayguard.exceptions import CheckpointError
@@ -39,6 +39,31 @@ META = "__rayguard__"
 DcpWriter = Callable[[str, Any], tuple[ShardRecord, list[dict[str, Any]]]]
 """(local staging directory, payload) -> (this rank's record, the meshes found): a sharded
 save's write step (a collective over the default process group)."""
+
+
+class MemoryTier(Protocol):
+    """The in-memory tier's hooks (:mod:`rayguard.train.memory_tier` through the session)."""
+
+    def enabled(self) -> bool:
+        ...
+
+    def offer(self, final: str, step: int, payload: Any, record: Any) -> None:
+        """This rank's shard of ``final`` was written (``record`` may be the error)."""
+        ...
+
+    def committed(self, final: str, step: int) -> None:
+        """Rank 0 committed ``final``."""
+        ...
+
+    def choose(self, skip: set[str]) -> str | None:
+        """Rank 0: the newest checkpoint when memory holds it (its hashing is left to the
+        ranks' memory copies), else None."""
+        ...
+
+    def prepare(self, chosen: str, choose_on_disk: Callable[[], str | None]
+                ) -> tuple[str | None, dict[int, Any], dict[str, Any]]:
+        """Every rank: (checkpoint to restore, payloads served from memory, event fields)."""
+        ...
 
 
 def checkpoint_name(step: int, attempt: int) -> str:
@@ -90,7 +115,7 @@ def _write(collective: Collective, store: CheckpointStore, final: str, payload: 
 def save(collective: Collective, store: CheckpointStore, payload: Any, *, step: int,
          attempt: int, tag: str, write_dcp: DcpWriter | None = None,
          dcp_keys: list[str] | None = None, started: float | None = None,
-         **event: Any) -> Committed | None:
+         tier: MemoryTier | None = None, **event: Any) -> Committed | None:
     """Every rank: write, gather the records, rank 0 commits. Returns the checkpoint on rank 0
     (``None`` elsewhere); raises CheckpointError on every rank when any rank failed to write.
     ``event``: extra fields for the ``checkpoint_committed`` event."""
@@ -100,6 +125,8 @@ def save(collective: Collective, store: CheckpointStore, payload: Any, *, step: 
     record, meshes = _write(collective, store, final, payload, write_dcp)
     if write_dcp is not None:
         collective.progress()
+    elif tier is not None:  # the shard was written: keep a copy in memory
+        tier.offer(final, step, payload, record)
     records = collective.gather(f"{tag}:records", record)
     failures = [r for r in records if isinstance(r, BaseException)]
     if failures:
@@ -116,6 +143,8 @@ def save(collective: Collective, store: CheckpointStore, payload: Any, *, step: 
                           metadata)
     path = store.commit(final, records, world_size=collective.world_size, step=step,
                        metadata=metadata)
+    if tier is not None:  # its memory copies become the servable ones
+        tier.committed(final, step)
     total = sum(f.size_bytes for r in records for f in r.files)
     collective.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
                       f"{len(records)} shard(s))", step=step, path=final, bytes=total,
@@ -152,27 +181,41 @@ def rejected(collective: Collective, store: CheckpointStore) -> set[str]:
     return set(store.rejected()) | set(collective.shared_rejections())
 
 
-def choose(collective: Collective, store: CheckpointStore) -> str | None:
+def choose(collective: Collective, store: CheckpointStore,
+           tier: MemoryTier | None = None) -> str | None:
     """Rank 0: the newest checkpoint that verifies; rejections are recorded and remembered.
     Staging left by saves that never finished is removed first."""
     store.cleanup()
-    chosen, rejections = store.choose(rejected(collective, store))
+    skip = rejected(collective, store)
+    held = tier.choose(skip) if tier is not None else None
+    if held is not None:  # the ranks verify their memory copies instead
+        return held
+    chosen, rejections = store.choose(skip)
     for path, why in rejections:
         reject(collective, store, path, why)
     return chosen
 
 
 def load(collective: Collective, store: CheckpointStore, *, tag: str,
-         previous_rank: int | None = None) -> Restored | None:
+         previous_rank: int | None = None, tier: MemoryTier | None = None) -> Restored | None:
     """Every rank: this rank's state from the newest checkpoint that verifies (``None``: there
-    is none). RNG states saved with it are restored."""
-    chosen = choose(collective, store) if collective.rank == 0 else None
+    is none). RNG states saved with it are restored. ``tier``: the in-memory tier serves the
+    shards it holds copies of that verify."""
+    chosen = choose(collective, store, tier) if collective.rank == 0 else None
     chosen = collective.gather(tag, chosen)[0]
     collective.progress()
     if chosen is None:
         return None
+    memory: dict[int, Any] | None = None
+    fields: dict[str, Any] = {"tier": "disk"}
+    if tier is not None and tier.enabled():
+        found, memory, fields = tier.prepare(chosen, lambda: choose(collective, store, tier))
+        if found is None:
+            return None
+        chosen = found
     with store.materialize(chosen) as local:
-        return read_state(collective, chosen, local, previous_rank=previous_rank)
+        return read_state(collective, chosen, local, previous_rank=previous_rank,
+                          memory=memory, **fields)
 
 
 def _warn_unloaded_sharded(manifest: Any, chosen: str) -> None:
@@ -187,15 +230,19 @@ def _warn_unloaded_sharded(manifest: Any, chosen: str) -> None:
 
 def read_state(collective: Collective, chosen: str, local: str, *,
                previous_rank: int | None = None, plain_optional: bool = False, note: str = "",
-               **extra: Any) -> Restored:
+               memory: dict[int, Any] | None = None, **extra: Any) -> Restored:
     """Read this rank's state from ``local`` (a verified checkpoint, maybe a download): the
     point where a shard is read.
 
     ``plain_optional``: the sharded part was loaded; a checkpoint without plain state
-    returns ``{}`` instead of raising. ``note`` and ``extra`` go into the ``restored`` event."""
+    returns ``{}`` instead of raising. ``note`` and ``extra`` go into the ``restored`` event.
+    ``memory``: payloads by saved rank already read and verified from the memory tier."""
     from pathlib import Path
 
     from rayguard import checkpoint as ck
+
+    def read_shard(directory: str, rank: int) -> Any:
+        return memory[rank] if memory and rank in memory else ck.read_shard(directory, rank)
 
     rank, world_size = collective.rank, collective.world_size
     manifest = ck.read_manifest(Path(local))
@@ -204,12 +251,12 @@ def read_state(collective: Collective, chosen: str, local: str, *,
     # Same world size: a rank's own shard. After a resize, rank-local state follows the
     # worker (the rank its slot held before); replicated state comes from rank 0 below.
     source = rank if manifest.world_size == world_size else previous_rank
-    own = ck.read_shard(local, source) if source is not None and manifest.shard_files_of(source) else None
+    own = read_shard(local, source) if source is not None and manifest.shard_files_of(source) else None
     meta = (own or {}).get(META, {})
     if own is not None and meta.get("has_state"):
         state = own["state"]
     else:
-        shared = ck.read_shard(local, 0) if manifest.shard_files_of(0) else None
+        shared = read_shard(local, 0) if manifest.shard_files_of(0) else None
         if (shared is None or not shared.get(META, {}).get("has_state")) and plain_optional:
             shared = {META: {"has_state": True}, "state": {}}
         if shared is None or not shared.get(META, {}).get("has_state"):

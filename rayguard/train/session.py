@@ -18,10 +18,12 @@ from rayguard.health.decisions import Decision, check_finite
 from rayguard.health.watchdog import Watchdog
 from rayguard.observe.steps import StepTimer
 from rayguard.testing.faults import Fault, FaultInjector
+from rayguard.train.agreement import Agreement, Flags, LocalAgreement, needs_protocol
 from rayguard.train.async_checkpoint import AsyncCheckpointer
 from rayguard.train.collective import SessionCollective
 from rayguard.train.context import GuardContext
 from rayguard.train.forwarder import Forwarder
+from rayguard.train.preemption import Preemption
 from rayguard.train.store import CheckpointStore, LocalStore
 
 logger = logging.getLogger("rayguard")
@@ -81,6 +83,14 @@ class WorkerSession:
         self._async_saves = 0
         self._unforwarded: str | None = None
         """A checkpoint committed in the background, not yet handed to ``ray.train.report``."""
+        from rayguard.train.checkpointing import SessionMemoryTier
+
+        self.memory_tier = SessionMemoryTier(self)
+        """The in-memory tier's hooks (``CheckpointConfig(memory_tier=True)``)."""
+        self.agreement: Agreement = LocalAgreement()
+        """How ranks agree at each report (set-up replaces it: rayguard.train.agreement)."""
+        self.preemption = Preemption(())
+        """Preemption notices and ``should_checkpoint()`` (set-up adds the sources)."""
         self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
                                metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
 
@@ -232,6 +242,9 @@ class WorkerSession:
     def heartbeat(self) -> None:
         self.watchdog.heartbeat()
 
+    def should_checkpoint(self) -> bool:
+        return self.preemption.should_checkpoint()
+
     def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
                sharded: Any = None) -> None:
         started = time.perf_counter()
@@ -247,19 +260,27 @@ class WorkerSession:
             self._collect_async(self.async_checkpoints.poll)  # a background failure raises here
         if state is not None:
             _check_checkpointable(state, self.ctx.rank)
-        if self.ctx.world_size > 1 or state is not None or sharded is not None:
-            if self.async_checkpoints is not None:
+        flags = self.agreement.agree(Flags(state is not None, sharded is not None,
+                                           self.preemption.local_flag(self)))
+        if needs_protocol(flags, first=self.report_count == 1, world_size=self.ctx.world_size):
+            if self.async_checkpoints is not None and not flags.notice:
                 self._checkpoint_async(state, step, sharded)
-            else:
+            else:  # sync mode, or a preemption notice: commit before the rank may go
+                if self.async_checkpoints is not None:
+                    self._collect_async(self.async_checkpoints.wait)
                 from rayguard.train.checkpointing import maybe_checkpoint
 
                 committed = maybe_checkpoint(self.collective, self.store, state, step, sharded,
                                              report_count=self.report_count,
-                                             attempt=self.ctx.attempt)
+                                             attempt=self.ctx.attempt, tier=self.memory_tier)
                 checkpoint = None if committed is None else committed.path
         if checkpoint is None:
             checkpoint, self._unforwarded = self._unforwarded, None
         self.forwarder.submit(_forward, metrics, checkpoint, self.store.fs)
+        if self.preemption.after_report(flags, saved=flags.state or flags.sharded):
+            from rayguard.train.preemption import on_answered
+
+            on_answered(self, step, checkpoint)
         self._last_metrics = metrics
         self._send_progress()
         summary = self.timer.on_report(step, metrics, time.perf_counter() - started)
@@ -291,7 +312,8 @@ class WorkerSession:
         waited = self._collect_async(checkpointer.wait)
         if plan.sharded:  # DCP's save is a collective on the loop's process group: in the loop
             committed = save_planned(self.collective, self.store, plan, snapshot_payload(state),
-                                     attempt=self.ctx.attempt, sharded=sharded)
+                                     attempt=self.ctx.attempt, sharded=sharded,
+                                     tier=self.memory_tier)
             self._unforwarded = None if committed is None else committed.path
             return
         payload = snapshot_payload(checkpointer.snapshot(state))  # and this step's RNG state
@@ -303,7 +325,8 @@ class WorkerSession:
                  "backpressure_s": round(waited, 6), "backpressure_waits": checkpointer.waits,
                  "backpressure_total_s": round(checkpointer.waited_s, 6)}
         checkpointer.submit(lambda: save_planned(background, self.store, plan, payload,
-                                                 attempt=self.ctx.attempt, **event))
+                                                 attempt=self.ctx.attempt,
+                                                 tier=self.memory_tier, **event))
 
     def finish(self) -> None:
         """The training function returned: wait for the checkpoint in flight (its error is
@@ -352,7 +375,7 @@ class WorkerSession:
         if self.async_checkpoints is not None:  # a checkpoint in flight commits first
             self._collect_async(self.async_checkpoints.wait)
         restored = load_state(self.collective, self.store, sharded, load_count=self.load_count,
-                              previous_rank=self.ctx.previous_rank)
+                              previous_rank=self.ctx.previous_rank, tier=self.memory_tier)
         self.watchdog.heartbeat()
         if restored is None:
             return None

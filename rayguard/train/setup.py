@@ -17,8 +17,10 @@ from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import WorkerSetupError
 from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
 from rayguard.testing.faults import parse_faults
+from rayguard.train.agreement import make_agreement
 from rayguard.train.context import GuardContext, set_context
 from rayguard.train.elastic_setup import apply_elastic, previous_assignment
+from rayguard.train.preemption import set_active, watch_preemption
 from rayguard.train.seeding import rank_seed, seed_everything
 from rayguard.train.session import WorkerSession
 from rayguard.train.store import CheckpointStore, store_for
@@ -153,10 +155,12 @@ class GuardedTrainFn:
             session.finish()  # the checkpoint in flight commits (or raises) before fit() returns
         except BaseException as exc:
             session.settle()
+            set_active(False)
             session.watchdog.stop()
             session._flush_quietly(timeout_s=5)  # keep what was reported before the error
             session.report_failure(exc)
             raise
+        set_active(False)
         session.close()
         set_context(None)
         return result
@@ -191,6 +195,8 @@ class GuardedTrainFn:
             seed_everything(ctx.seed, deterministic=self.guard.deterministic)
         register_serializers(self.guard)
         apply_elastic(ctx, self.guard, session, infos, previous)
+        session.agreement = make_agreement(ctx.world_size, session.gather, session.heartbeat)
+        watch_preemption(session)
         set_context(ctx)
         _set_current_session(session)
         if ctx.rank == 0:

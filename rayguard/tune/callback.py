@@ -2,9 +2,10 @@
 ones from their last good checkpoint.
 
 All hooks run in the Tune driver's event loop (the thread that called ``Tuner.fit()``). The
-callback feeds each result to the pure checks (:mod:`rayguard.tune.checks`), turns verdicts
+callback feeds each result to the pure checks (:mod:`rayguard.health.checks`,
+:mod:`rayguard.health.series`), turns verdicts
 into decisions (:mod:`rayguard.tune.decisions`) and applies them at the start of the next
-loop turn (:mod:`rayguard.tune.executor`), never in the middle of Tune's result handling.
+loop turn (:mod:`rayguard._ray.tune`), never in the middle of Tune's result handling.
 A stall needs a timer, since a stalled trial reports nothing: ``on_step_begin``, which Tune
 calls on every loop turn (at least every ~0.1 s), checks the time since each running
 trial's last result.
@@ -23,19 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
+from rayguard._ray import tune as executor
+from rayguard.health.checks import NONFINITE, Point, Verdict, check_stall, numeric_metrics
 from rayguard.health.config import HealthConfig
+from rayguard.health.decisions import RESTART, CheckpointRecord, Decision
+from rayguard.health.series import check_result, recent_count
+from rayguard.health.sweep_config import SweepHealthConfig, resolve_sweep_health
 from rayguard.tune import events as ev
-from rayguard.tune import executor
-from rayguard.tune.checks import (
-    NONFINITE,
-    Point,
-    Verdict,
-    check_result,
-    check_stall,
-    numeric_metrics,
-    recent_count,
-)
-from rayguard.tune.decisions import RESTART, CheckpointRecord, Decision, decide, rewind
+from rayguard.tune.decisions import decide, rewind
 from rayguard.tune.verify import checkpoint_is_good
 
 logger = logging.getLogger(__name__)
@@ -111,18 +107,21 @@ class HealthCallback(Callback):
     """Watch each trial of a sweep; restart unhealthy ones from their last good checkpoint.
 
     Usable on its own: ``Tuner(..., run_config=RunConfig(callbacks=[HealthCallback(h)]))``.
+    ``sweep_health``: the series checks' settings (default: those ``health`` carries).
     """
 
     def __init__(self, health: HealthConfig | None = None, *,
+                 sweep_health: SweepHealthConfig | None = None,
                  event_log: ev.EventLog | None = None,
                  is_good_checkpoint: Callable[[str], bool] = checkpoint_is_good,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.health = health if health is not None else HealthConfig()
+        self.sweep_health = resolve_sweep_health(self.health, sweep_health, "HealthCallback")
         self.event_log = event_log if event_log is not None else ev.EventLog()
         self._is_good = is_good_checkpoint
         self._clock = clock
-        self._history = (max(self.health.window, self.health.min_results)
-                         + recent_count(self.health) + 2)
+        self._history = (max(self.sweep_health.window, self.sweep_health.min_results)
+                         + recent_count(self.sweep_health) + 2)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -196,7 +195,8 @@ class HealthCallback(Callback):
         self._controller = executor.find_controller()
         self._trials = trials
         self.event_log.attach(executor.experiment_dir(self._controller))
-        self.event_log.record(ev.SWEEP_STARTED, None, f"health checks on: {self.health}")
+        self.event_log.record(ev.SWEEP_STARTED, None,
+                              f"health checks on: {self.health}, {self.sweep_health}")
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial,
                        **info: Any) -> None:
@@ -211,7 +211,8 @@ class HealthCallback(Callback):
                         result: dict, **info: Any) -> None:
         h = self.health
         point = Point(int(result.get("training_iteration", 0) or 0), self._clock(),
-                      numeric_metrics(result, (*h.watch_metrics, *h.memory_metrics)),
+                      numeric_metrics(result, (*h.watch_metrics,
+                                               *self.sweep_health.memory_metrics)),
                       result.get("time_this_iter_s"))
         with self._lock:
             watch = self._get(trial)
@@ -222,8 +223,8 @@ class HealthCallback(Callback):
                 watch.slowest_step_s = max(watch.slowest_step_s or 0.0, point.interval_s)
             if watch.pending is not None:
                 return
-            verdict = check_result(trial.trial_id, watch.points, point, h, time.time(),
-                                   watch.best)
+            verdict = check_result(trial.trial_id, watch.points, point, self.sweep_health,
+                                   time.time(), watch.best, watch=h.watch_metrics)
             if verdict is None or verdict.check != NONFINITE:
                 self._push(watch, point)
             if result.get(CHECKPOINT_PATH_KEY):
@@ -241,7 +242,7 @@ class HealthCallback(Callback):
         value = point.metrics.get(self.health.watch_metrics[0])
         if value is None:
             return
-        pick = min if self.health.mode == "min" else max
+        pick = min if self.sweep_health.mode == "min" else max
         watch.best = value if watch.best is None else pick(watch.best, value)
 
     def on_trial_save(self, iteration: int, trials: list[Trial], trial: Trial,
@@ -259,11 +260,8 @@ class HealthCallback(Callback):
 
     def _record_path(self, watch: TrialHealth, iteration: int, path: str,
                      result: dict) -> None:
-        from ray.train._internal.session import _TrainingResult
-        from ray.tune import Checkpoint
-
         metrics = {k: v for k, v in result.items() if k != "config"}
-        source = _TrainingResult(checkpoint=Checkpoint(path), metrics=metrics)
+        source = executor.training_result(path, metrics)
         watch.records.append(CheckpointRecord(iteration, path, source))
         del watch.records[:-MAX_RECORDS]
 
@@ -308,7 +306,7 @@ class HealthCallback(Callback):
             watch.pending = None
         if trial.status != "RUNNING":
             self.event_log.record(ev.SKIPPED, trial.trial_id,
-                                  f"not acting on {decision.verdict.check}: trial is "
+                                  f"not acting on {decision.check}: trial is "
                                   f"{trial.status}", action=decision.action)
             return
         ckpt = decision.checkpoint
@@ -326,13 +324,13 @@ class HealthCallback(Callback):
                 watch.last_progress = None
                 watch.last_iteration = ckpt.iteration if ckpt else 0
             self.event_log.record(ev.RESTART, trial.trial_id, decision.reason,
-                                  check=decision.verdict.check, restarts=decision.restarts,
+                                  check=decision.check, restarts=decision.restarts,
                                   checkpoint_iteration=ckpt.iteration if ckpt else None,
                                   checkpoint_path=ckpt.path if ckpt else None)
         else:
             self.event_log.record(ev.FAILED, trial.trial_id, decision.reason,
-                                  check=decision.verdict.check, restarts=decision.restarts)
-            executor.fail_trial(self._controller, trial, decision.reason)
+                                  check=decision.check, restarts=decision.restarts)
+            executor.fail_trial(self._controller, trial, decision.reason, decision.error())
 
     # -- reading (any thread) -------------------------------------------------------------
     def status(self) -> dict[str, TrialStatus]:

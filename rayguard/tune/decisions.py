@@ -1,49 +1,18 @@
 """What to do about an unhealthy trial: a pure planner, decisions as data.
 
-:func:`decide` turns a :class:`~rayguard.tune.checks.Verdict` into a :class:`Decision`
+:func:`decide` turns a :class:`~rayguard.health.checks.Verdict` into a
+:class:`~rayguard.health.decisions.Decision`
 (``RESTART`` from the newest good checkpoint taken before the anomaly began, or ``FAIL``
-once the restart budget is spent); :mod:`rayguard.tune.executor` applies it.
+once the restart budget is spent); :mod:`rayguard._ray.tune` applies it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
+from rayguard.health.checks import NONFINITE, Point, Verdict
 from rayguard.health.config import HealthConfig
-from rayguard.tune.checks import NONFINITE, Point, Verdict
-
-RESTART = "restart"
-FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """A checkpoint a trial reported, in the order it reported them."""
-
-    iteration: int
-    """``training_iteration`` of the result the checkpoint came with."""
-    path: str
-    """Where the checkpoint lives (``Checkpoint.path``)."""
-    source: Any = field(default=None, compare=False, repr=False)
-    """What Tune restores from (its ``_TrainingResult``); opaque to the planner."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The action for one unhealthy trial."""
-
-    action: str
-    """``RESTART`` or ``FAIL``."""
-    trial_id: str
-    verdict: Verdict
-    reason: str
-    """A sentence for the event log and, on ``FAIL``, the trial's error."""
-    checkpoint: CheckpointRecord | None = None
-    """``RESTART``: the checkpoint to restore (``None``: start the trial from scratch)."""
-    restarts: int = 0
-    """Health restarts of this trial once the decision is applied."""
+from rayguard.health.decisions import FAIL, RESTART, CheckpointRecord, Decision
 
 
 def choose_checkpoint(records: Sequence[CheckpointRecord], before_iteration: int,
@@ -60,13 +29,13 @@ def decide(verdict: Verdict, restarts_done: int, health: HealthConfig,
     """Restart from the last good checkpoint, or fail when policy or budget says so."""
     what = f"{verdict.check}: {verdict.detail}"
     if verdict.check == NONFINITE and health.nan_policy == "fail":
-        return Decision(FAIL, verdict.trial_id, verdict,
+        return Decision(FAIL, verdict,
                         f"trial {verdict.trial_id} failed on {what} (nan_policy='fail'). "
                         "Fix the source of the non-finite value, or pass "
                         "nan_policy='restart' to restart from the last good checkpoint",
                         restarts=restarts_done)
     if restarts_done >= health.max_restarts:
-        return Decision(FAIL, verdict.trial_id, verdict,
+        return Decision(FAIL, verdict,
                         f"trial {verdict.trial_id} failed on {what} after "
                         f"{restarts_done} health restart(s) (max_restarts="
                         f"{health.max_restarts}). Raise HealthConfig.max_restarts, or fix "
@@ -74,7 +43,7 @@ def decide(verdict: Verdict, restarts_done: int, health: HealthConfig,
     record = choose_checkpoint(records, verdict.since_iteration, is_good)
     origin = (f"checkpoint of iteration {record.iteration}" if record
               else "scratch (no good checkpoint before the anomaly)")
-    return Decision(RESTART, verdict.trial_id, verdict,
+    return Decision(RESTART, verdict,
                     f"restarting trial {verdict.trial_id} from {origin} "
                     f"({restarts_done + 1}/{health.max_restarts}) after {what}",
                     checkpoint=record, restarts=restarts_done + 1)

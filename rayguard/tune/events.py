@@ -2,21 +2,25 @@
 
 An :class:`EventLog` lives in the driver, is shared by the callback (writer) and the
 :class:`~rayguard.tune.handle.TuneRun` handle (reader, any thread), and appends each event
-as one JSON line to ``<experiment dir>/rayguard_sweep_events.jsonl`` once the directory
-is known.
+to ``<experiment dir>/rayguard_sweep_events.jsonl`` once the directory is known, in the
+run log's record shape (:mod:`rayguard.events`: ``time``, ``kind``, ``rank``, ``node``,
+``step``, ``attempt``, ``detail``, plus ``trial_id`` and the event's data fields) through
+the run log's writer; :func:`read` uses the one reader of both logs
+(:mod:`rayguard.observe.log`), which also reads files written with a nested ``data``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-EVENTS_FILE = "rayguard_sweep_events.jsonl"
+from rayguard.events import BASE_FIELDS, append_events
+from rayguard.observe.log import SWEEP_EVENTS_FILENAME, parse_lines
+
+EVENTS_FILE = SWEEP_EVENTS_FILENAME
 
 # kinds
 SWEEP_STARTED = "sweep_started"
@@ -49,15 +53,24 @@ class SweepEvent:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_record(self) -> dict[str, Any]:
+        """The event in the shared record shape: the data fields beside the base fields
+        (a data field named like a base field is kept under ``data_<name>``)."""
+        record: dict[str, Any] = dict.fromkeys(BASE_FIELDS)
+        record.update(time=self.time, kind=self.kind, detail=self.detail, trial_id=self.trial_id)
+        for key, value in self.data.items():
+            record[f"data_{key}" if key in record else key] = value
+        return record
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> SweepEvent:
+        """The event from a record read by :mod:`rayguard.observe.log` (either shape)."""
+        data = {k: v for k, v in record.items() if k not in _RECORD_FIELDS}
+        return cls(record["time"], record["kind"], record.get("trial_id"),
+                   record.get("detail", ""), data)
+
+
+_RECORD_FIELDS = frozenset((*BASE_FIELDS, "trial_id"))
 
 
 class EventLog:
@@ -101,11 +114,10 @@ class EventLog:
                 self._write(events)
 
     def _write(self, events: list[SweepEvent]) -> None:
-        assert self._path is not None
+        if self._path is None:
+            return
         try:
-            with self._path.open("a") as f:
-                for event in events:
-                    f.write(json.dumps(_json_safe(event.to_dict()), default=str) + "\n")
+            append_events(self._path, [e.to_record() for e in events])
         except OSError:
             pass  # the log in memory stays complete; the file is a convenience
 
@@ -134,10 +146,5 @@ def read(path: str | Path) -> list[SweepEvent]:
     path = Path(path)
     if path.is_dir():
         path = path / EVENTS_FILE
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            d = json.loads(line)
-            out.append(SweepEvent(d["time"], d["kind"], d.get("trial_id"), d["detail"],
-                                  d.get("data", {})))
-    return out
+    parsed = parse_lines(path.read_text(encoding="utf-8"), "sweep")
+    return [SweepEvent.from_record(record) for record in parsed.events]

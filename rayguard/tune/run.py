@@ -7,9 +7,11 @@ import sys
 import threading
 from typing import Any
 
+from rayguard._ray.tune import experiment_path, stored_run_config
 from rayguard.constants import DEFAULT_SERIALIZERS, SERIALIZERS_ENV_VAR, env_str
 from rayguard.exceptions import config_error
 from rayguard.health.config import HealthConfig
+from rayguard.health.sweep_config import SweepHealthConfig, resolve_sweep_health
 from rayguard.tune.callback import HealthCallback
 from rayguard.tune.handle import TuneRun
 
@@ -46,19 +48,10 @@ def _with_callback(callbacks: list[Any] | None, callback: HealthCallback) -> lis
     return [*out, callback]
 
 
-def _experiment_path(run_config: Any) -> str:
-    from ray.train._internal.storage import StorageContext
-
-    storage = StorageContext(storage_path=run_config.storage_path,
-                             experiment_dir_name=run_config.name,
-                             storage_filesystem=run_config.storage_filesystem)
-    return storage.experiment_fs_path
-
-
 def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
         tune_config: Any = None, run_config: Any = None,
-        health: HealthConfig | None = None, restore: str | None = None,
-        resume_errored: bool = True) -> TuneRun:
+        health: HealthConfig | None = None, sweep_health: SweepHealthConfig | None = None,
+        restore: str | None = None, resume_errored: bool = True) -> TuneRun:
     """Start a sweep (``Tuner(...).fit()``) in the background and return its handle.
 
     Args:
@@ -66,6 +59,9 @@ def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
         param_space, tune_config, run_config: as for ``ray.tune.Tuner``. ``run_config``
             gets the health callback appended to its callbacks (the caller's is not changed).
         health: the checks and restart budget; ``None`` means ``HealthConfig()``.
+        sweep_health: the series checks (divergence, throughput collapse, memory growth);
+            ``None``: the ones ``health`` carries (``HealthConfig`` accepts them too), else
+            ``SweepHealthConfig()``. Setting them in both is a ``ConfigError``.
         restore: an experiment directory to resume (``TuneRun.experiment_path`` of an
             earlier run); the stored run and tune configs are used, as ``Tuner.restore``
             does, and ``run_config``/``tune_config`` must be left out.
@@ -77,8 +73,9 @@ def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
     if not isinstance(health, HealthConfig):
         raise config_error("rayguard.tune.run", "health", health, "must be a HealthConfig",
                            "pass health=rayguard.HealthConfig(...)")
+    sweep_health = resolve_sweep_health(health, sweep_health, "rayguard.tune.run")
     _register_serializers()
-    callback = HealthCallback(health)
+    callback = HealthCallback(health, sweep_health=sweep_health)
     if restore is not None:
         if run_config is not None or tune_config is not None:
             raise config_error("rayguard.tune.run", "run_config/tune_config",
@@ -86,12 +83,12 @@ def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
                                "leave run_config and tune_config out when passing restore=")
         tuner = tune.Tuner.restore(restore, trainable, resume_errored=resume_errored,
                                    param_space=param_space)
-        stored = tuner._local_tuner.get_run_config()  # type: ignore[union-attr]  # the unpickled RunConfig
+        stored = stored_run_config(tuner)  # the unpickled RunConfig
         stored.callbacks = _with_callback(stored.callbacks, callback)
     else:
         run_config = copy.copy(run_config) if run_config is not None else tune.RunConfig()
         run_config.callbacks = _with_callback(run_config.callbacks, callback)
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                            run_config=run_config)
-        stored = tuner._local_tuner.get_run_config()  # type: ignore[union-attr]
-    return TuneRun(tuner, callback, _experiment_path(stored))
+        stored = stored_run_config(tuner)
+    return TuneRun(tuner, callback, experiment_path(stored))

@@ -13,6 +13,13 @@ a Ray actor runs the loop with what observability adds to each report (the step 
 fire-and-forget summary to a real run coordinator every 0.5 s, 10x more often than the
 default) and without it; it prints the mean time per step of each and the ratio (target < 1%
 on the 10 ms step), plus the in-process cost of one ``StepTimer.on_report`` call.
+
+Third part (``--report-cost-only`` runs it alone): the cost of one metrics-only report, timed
+inside each worker (``perf_counter`` around the call, 500 reports, the first left out: it
+carries the preflight gather), at world sizes 2 and 8 (CPU workers, RobustTrainer on the local
+cluster), with a plain TorchTrainer calling ``ray.train.report`` in the same process as the
+baseline (the controller polled every 50 ms there too, as rayguard sets it; fewer reports,
+since each one waits for a poll). Target: median < 1 ms.
 """
 
 from __future__ import annotations
@@ -199,6 +206,72 @@ def observe_main(reps: int, interval_s: float = 0.5) -> None:
     print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
+def report_cost_loop(config):
+    import ray.train
+
+    import rayguard
+
+    rank = ray.train.get_context().get_world_rank()
+    report = rayguard.train.report if config["guarded"] else ray.train.report
+    took = []
+    for step in range(config["reports"]):
+        t0 = time.perf_counter()
+        report({"loss": 1.0, "step": step})
+        took.append(time.perf_counter() - t0)
+    with open(os.path.join(config["out"], f"{config['tag']}-rank{rank}.json"), "w") as f:
+        json.dump(took[1:], f)
+
+
+def report_cost_once(guarded: bool, world_size: int, reports: int, out: str) -> list[float]:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    import rayguard
+    from rayguard.constants import RAY_TRAIN_POLL_INTERVAL_ENV_VAR
+
+    tag = f"{'rayguard' if guarded else 'plain'}-w{world_size}"
+    cls = rayguard.RobustTrainer if guarded else TorchTrainer
+    kwargs = {"guard_config": rayguard.GuardConfig(numa="off", preflight=False)} if guarded else {}
+    saved = os.environ.get(RAY_TRAIN_POLL_INTERVAL_ENV_VAR)
+    os.environ.setdefault(RAY_TRAIN_POLL_INTERVAL_ENV_VAR, "0.05")
+    try:
+        cls(report_cost_loop,
+            train_loop_config={"guarded": guarded, "reports": reports, "out": out, "tag": tag},
+            scaling_config=ScalingConfig(num_workers=world_size,
+                                         resources_per_worker={"CPU": 0.2}),
+            run_config=RunConfig(storage_path=out, name=tag), **kwargs).fit()
+    finally:
+        if saved is None:
+            os.environ.pop(RAY_TRAIN_POLL_INTERVAL_ENV_VAR, None)
+    took: list[float] = []
+    for rank in range(world_size):
+        with open(os.path.join(out, f"{tag}-rank{rank}.json")) as f:
+            took += json.load(f)
+    return took
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report_cost_main(reports: int = 500, plain_reports: int = 40) -> None:
+    out = tempfile.mkdtemp(prefix="bench-report-cost-")
+    print(f"\nmetrics-only report, timed in the worker ({reports} reports per rank; plain: "
+          f"{plain_reports})")
+    print(f"{'world':>6s}{'':>10s}{'median ms':>11s}{'p90 ms':>9s}{'n':>7s}")
+    for world_size in (2, 8):
+        rows = {"rayguard": report_cost_once(True, world_size, reports, out),
+                "plain": report_cost_once(False, world_size, plain_reports, out)}
+        for name, took in rows.items():
+            print(f"{world_size:6d}{name:>10s}{statistics.median(took) * 1e3:11.3f}"
+                  f"{_p(took, 0.9) * 1e3:9.3f}{len(took):7d}", flush=True)
+        ratio = statistics.median(rows["plain"]) / statistics.median(rows["rayguard"])
+        print(f"{'':6s}plain / rayguard median: {ratio:.0f}x", flush=True)
+    print("target: rayguard median < 1 ms")
+    print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--observe-only", action="store_true",
@@ -206,6 +279,9 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=0.5,
                         help="summary interval in the step-timing part (default 0.5: 10x the "
                              "default rate)")
+    parser.add_argument("--report-cost-only", action="store_true",
+                        help="only the metrics-only report cost at world sizes 2 and 8")
+    parser.add_argument("--reports", type=int, default=500)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--inner", type=int, default=5, help="optimizer steps per reported step")
@@ -218,6 +294,9 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     if args.observe_only:
         observe_main(args.reps, args.interval_s)
+        return
+    if args.report_cost_only:
+        report_cost_main(args.reports)
         return
     out = tempfile.mkdtemp(prefix="bench-overhead-")
     rows: dict[str, list[dict]] = {"plain": [], "rayguard": []}
@@ -238,6 +317,7 @@ def main() -> None:
     print(f"compute per step ratio (rayguard / plain): {g['compute'] / p['compute']:.3f} "
           "(target within 3%)")
     observe_main(args.reps, args.interval_s)
+    report_cost_main(args.reports)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ def _committed(run_dir):
                   if p.startswith("checkpoint_") and os.path.isdir(os.path.join(run_dir, p)))
 
 
+@pytest.mark.compat  # also run on the oldest supported Ray
 def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_path):
     result = _trainer(tmp_path, "run", steps=5, keep=3).fit()
     names = _committed(result.path)

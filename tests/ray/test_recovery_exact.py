@@ -70,6 +70,7 @@ def clean(ray_local_module, tmp_path_factory):
 MODES = pytest.mark.parametrize("mode", ["sync", "async"])
 
 
+@pytest.mark.compat  # also run on the oldest supported Ray
 @MODES
 def test_kill_rank1_resumes_exactly(clean, tmp_path, mode):
     weights, events = _fit(tmp_path, "kill", faults="kill:rank=1,step=5", mode=mode)

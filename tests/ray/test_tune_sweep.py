@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 import ray.cloudpickle as cloudpickle
 from ray import tune
 
@@ -33,6 +34,7 @@ def _health(**kw) -> rayguard.HealthConfig:
     return rayguard.HealthConfig(**base)
 
 
+@pytest.mark.compat  # also run on the oldest supported Ray
 def test_four_trial_sweep_restarts_faulty_trials(ray_local, tmp_path):
     marker = tmp_path / "markers"
     marker.mkdir()

@@ -28,7 +28,7 @@ def test_a_bad_log_level_falls_back_to_info_and_says_so(monkeypatch, caplog):
 
 
 def test_rays_per_report_line_is_hidden_unless_debug(monkeypatch):
-    from rayguard._ray_internals import train_context_logger
+    from rayguard._ray.core import train_context_logger
 
     target = train_context_logger()
     monkeypatch.setattr(target, "filters", [])

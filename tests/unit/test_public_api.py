@@ -16,6 +16,11 @@ def test_public_names_are_pinned():
     ])
     assert sorted(rayguard.train.__all__) == sorted([
         "ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_state", "report",
+        "should_checkpoint",
+    ])
+    assert sorted(rayguard.tune.__all__) == sorted([
+        "HealthCallback", "SweepEvent", "SweepHealthConfig", "SweepNotDoneError", "TrialStatus",
+        "TuneRun", "Verdict", "read", "run",
     ])
 
 

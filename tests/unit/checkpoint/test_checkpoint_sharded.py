@@ -247,7 +247,7 @@ def test_verify_share_hashes_only_its_files(tmp_path):
 def test_misuse_is_agreed_on_every_rank_and_fatal():
     import pickle
 
-    from rayguard.health.failure_policy import is_fatal
+    from rayguard.controller.failure_policy import is_fatal
     from rayguard.train.checkpointing import ShardedStateError, _agree, _Intent
 
     _agree([_Intent(True, 1, True, None), _Intent(False, 1, True, None)])

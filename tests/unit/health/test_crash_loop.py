@@ -1,8 +1,8 @@
 """The crash-loop rule on plain records (no Ray): what repeats is not retried, what makes
 durable progress or dies is."""
 
+from rayguard.controller.callbacks import describe_failure
 from rayguard.health.crash_loop import FailureRecord, crash_loop, describe_exception
-from rayguard.train.callbacks import describe_failure
 
 
 def rec(attempt, rank=0, origin="train.py:3 in train_fn", step=-1, commits=0, kind="builtins.ValueError"):

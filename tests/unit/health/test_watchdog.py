@@ -5,7 +5,8 @@ import math
 import threading
 
 from rayguard import HealthConfig
-from rayguard.health.decisions import check_finite, check_stall
+from rayguard.health.checks import check_stall
+from rayguard.health.decisions import check_finite, stall_decision
 from rayguard.health.watchdog import Watchdog
 
 
@@ -83,8 +84,8 @@ def test_check_finite_watches_only_named_metrics():
 
 
 def test_check_stall_boundary():
-    assert check_stall(10.0, 0.0, 10.0).ok
-    assert not check_stall(10.01, 0.0, 10.0).ok
+    assert stall_decision(check_stall("", 0.0, 10.0, 10.0)).ok
+    assert not stall_decision(check_stall("", 0.0, 10.01, 10.0)).ok
 
 
 def test_no_stall_before_the_first_step_only_the_startup_bound():

@@ -85,9 +85,32 @@ def test_attempt_restricted_fault():
         FaultInjector(faults, rank=0, attempt=1).on_report(1, {})
 
 
-def test_hang_with_seconds_returns():
+def test_hang_with_seconds_returns(monkeypatch):
+    import threading
+
+    from rayguard.testing import faults as faults_module
+
+    waits: list[float | None] = []
+
+    class RecordingEvent(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(faults_module, "threading",
+                        type("T", (), {"Event": RecordingEvent}))
     (f,) = parse_faults("hang:rank=0,step=0,seconds=0.05")
-    FaultInjector((f,), rank=0, attempt=0).on_report(0, {})
+    assert f.kind == "hang" and f.seconds == 0.05
+    fired: list = []
+    injector = FaultInjector((f,), rank=0, attempt=0, on_fire=fired.append)
+    out: list = []
+    caller = threading.Thread(target=lambda: out.append(injector.on_report(0, {"loss": 1.0})))
+    caller.start()
+    caller.join(timeout=120)
+    assert not caller.is_alive(), "a hang with seconds= must return"
+    # it fired once, blocked on a real wait of the given seconds, and left the metrics alone
+    assert fired == [f] and waits == [0.05] and out == [{"loss": 1.0}]
+    assert injector.on_report(0, {"loss": 2.0}) == {"loss": 2.0} and waits == [0.05]
 
 
 def test_kill_really_kills_a_process():

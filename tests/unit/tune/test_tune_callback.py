@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from rayguard import HealthConfig
+from rayguard._ray import tune as executor
 from rayguard.tune import callback as cb
-from rayguard.tune import executor
 
 
 class Clock:
@@ -35,7 +35,7 @@ def applied(monkeypatch):
     monkeypatch.setattr(executor, "restart_trial",
                         lambda c, t, ckpt, reason: calls.append(("restart", t.trial_id, ckpt)))
     monkeypatch.setattr(executor, "fail_trial",
-                        lambda c, t, reason: calls.append(("fail", t.trial_id, reason)))
+                        lambda c, t, reason, error=None: calls.append(("fail", t.trial_id, reason)))
     monkeypatch.setattr(executor, "interrupt_experiment",
                         lambda c: calls.append(("stop",)) or True)
     return calls
@@ -198,3 +198,22 @@ def test_a_trial_that_never_reports_is_caught_by_the_startup_bound(applied):
     clock.now += 61.0
     callback.on_step_begin(iteration=1, trials=[t])
     assert applied and applied[0][0] in ("restart", "fail")
+
+
+def test_a_trial_failed_by_a_stall_ends_with_stall_error(monkeypatch):
+    from rayguard.exceptions import StallError
+
+    errors = []
+    monkeypatch.setattr(executor, "find_controller", lambda: "controller")
+    monkeypatch.setattr(executor, "experiment_dir", lambda c: None)
+    monkeypatch.setattr(executor, "fail_trial",
+                        lambda c, t, reason, error=None: errors.append((reason, error)))
+    callback, clock = make(max_restarts=0)
+    t = trial()
+    callback.on_step_begin(iteration=0, trials=[t])
+    callback.on_trial_start(iteration=0, trials=[t], trial=t)
+    report(callback, t, 1, 1.0, clock)
+    clock.now += 6.0
+    callback.on_step_begin(iteration=1, trials=[t])
+    (reason, error), = errors
+    assert isinstance(error, StallError) and str(error) == reason and "stall" in reason

@@ -7,16 +7,10 @@ import pickle
 import pytest
 
 from rayguard import HealthConfig
+from rayguard.health.checks import Point, Verdict
+from rayguard.health.decisions import FAIL, RESTART, CheckpointRecord
 from rayguard.tune import events as ev
-from rayguard.tune.checks import Point, Verdict
-from rayguard.tune.decisions import (
-    FAIL,
-    RESTART,
-    CheckpointRecord,
-    choose_checkpoint,
-    decide,
-    rewind,
-)
+from rayguard.tune.decisions import choose_checkpoint, decide, rewind
 from rayguard.tune.verify import checkpoint_is_good
 
 H = HealthConfig(max_restarts=2)

@@ -12,12 +12,14 @@ from ray.train.v2._internal.execution.scaling_policy import (
     ResizeDecision,
 )
 
-from rayguard.elastic import ValidSizeElasticPolicy, make_scaling_policy, valid_sizes_for
+from rayguard._ray.train import reserved_resources
+from rayguard.controller.scaling import ValidSizeElasticPolicy, make_scaling_policy, valid_sizes_for
 from rayguard.exceptions import ConfigError
 
 
-def reserved(cpus_per_node: list[int]) -> dict[str, dict[str, float]]:
-    return {f"node{i}": {"CPU": float(c)} for i, c in enumerate(cpus_per_node)}
+def reserved(cpus_per_node: list[int]):
+    """Reservations in the shape the installed Ray's coordinator returns."""
+    return reserved_resources([{"CPU": float(c)} for c in cpus_per_node])
 
 
 def test_rounds_down_to_largest_valid_size() -> None:
@@ -89,7 +91,7 @@ class _FakeCoordinator:
 
         class _Method:
             @staticmethod
-            def remote(requester_id: str, recompute: bool = False) -> dict[str, dict[str, float]]:
+            def remote(requester_id: str, recompute: bool = False):
                 outer.recompute_calls += recompute
                 return reserved(outer.nodes)
 
@@ -99,7 +101,7 @@ class _FakeCoordinator:
 def test_restart_after_node_loss_uses_a_fresh_view(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from rayguard.elastic import scaling
+    from rayguard._ray import train as ray_train
 
     sc = ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1}, elastic_resize_monitor_interval_s=0)
     policy = make_scaling_policy(sc, [1, 2, 3])
@@ -107,7 +109,7 @@ def test_restart_after_node_loss_uses_a_fresh_view(monkeypatch: pytest.MonkeyPat
     policy._requester_id = "train-x"
     policy._coordinator_client = SimpleNamespace(_autoscaling_coordinator=coordinator)  # type: ignore[assignment]
     policy._maybe_send_resource_request = lambda: None  # type: ignore[method-assign]
-    monkeypatch.setattr(scaling.ray, "get", lambda value, timeout=None: value)
+    monkeypatch.setattr(ray_train.ray, "get", lambda value, timeout=None: value)
 
     running = SimpleNamespace(start_time=float("-inf"), num_workers=3)
     assert isinstance(policy.make_decision_for_running_worker_group(running, None), NoopDecision)  # type: ignore[arg-type]

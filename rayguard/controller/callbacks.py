@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
-
+from rayguard._ray.train import ControllerCallback, WorkerGroupCallback, unwrap_worker_error
 from rayguard.events import make_event
 
 
@@ -16,7 +15,7 @@ def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str
     ``cause`` is a short label (``injected kill``, ``stall``, ``nan``, ``died``, ``error``);
     ``marked`` is what the worker left with the coordinator before it went (an injected
     fault, or rayguard's watchdog killing it)."""
-    error = getattr(error, "_base_exc", error)
+    error = unwrap_worker_error(error)
     details = f"{type(error).__name__}: {error}"
     lines = [line for line in str(error).splitlines() if line.strip()]
     first = lines[0].strip() if lines else ""

@@ -1,27 +1,24 @@
-"""Health checks over one trial's series of results: pure functions, verdicts as data.
-
-Every check takes plain numbers (a metric's recent values, result times) and the trial's
-:class:`~rayguard.HealthConfig`, and returns a :class:`Verdict` when the trial is unhealthy,
-``None`` when it is not. Nothing here touches Ray; :mod:`rayguard.tune.callback` feeds the
-checks and :mod:`rayguard.tune.executor` acts on their decisions.
+"""Health checks over a series of observations (a trial's results): divergence, throughput
+collapse, memory growth. Pure functions; each judges the series against its own history
+with the rules of a :class:`~rayguard.tune.SweepHealthConfig` and returns a
+:class:`~rayguard.health.checks.Verdict` or ``None``.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Sequence
 
-from rayguard.health.config import HealthConfig
-
-NONFINITE = "nonfinite"
-DIVERGENCE = "divergence"
-STALL = "stall"
-THROUGHPUT = "throughput_collapse"
-MEMORY = "memory_growth"
-CHECKS = (NONFINITE, DIVERGENCE, STALL, THROUGHPUT, MEMORY)
+from rayguard.health.checks import (
+    DIVERGENCE,
+    MEMORY,
+    THROUGHPUT,
+    Point,
+    Verdict,
+    check_nonfinite,
+    is_nonfinite,
+)
+from rayguard.health.sweep_config import SweepHealthConfig
 
 RECENT_INTERVALS = 3
 """Throughput collapse needs at least this many consecutive slow results (one slow step,
@@ -32,71 +29,15 @@ MIN_SLOW_INTERVAL_S = 0.5
 result handling is not a throughput collapse."""
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """One check found a trial unhealthy."""
-
-    trial_id: str
-    check: str
-    """One of :data:`CHECKS`."""
-    metric: str | None
-    """The metric judged (``None`` for stall and throughput)."""
-    value: float
-    """The observed value (the metric, seconds without a result, or results per second)."""
-    threshold: float
-    """The limit the value crossed."""
-    since_iteration: int
-    """First ``training_iteration`` judged bad: a restart uses a checkpoint from before it."""
-    time: float
-    """Wall-clock time (``time.time()``) of the verdict."""
-    detail: str
-    """A sentence a person can act on."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One result of a trial, reduced to what the checks read."""
-
-    iteration: int
-    time: float
-    """Seconds (any monotonic clock) at which the result was received."""
-    metrics: Mapping[str, float]
-    """The numeric metrics the checks watch (watched and memory metrics)."""
-    interval_s: float | None = None
-    """Seconds the step took (Tune's ``time_this_iter_s``) when known."""
-
-
-def is_nonfinite(value: object) -> bool:
-    """True for NaN/inf floats (and numbers that convert to them)."""
-    try:
-        return not math.isfinite(float(value))  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        return False
-
-
-def check_nonfinite(trial_id: str, point: Point, watch: Sequence[str], now: float
-                    ) -> Verdict | None:
-    """NaN or inf in a watched metric of this result."""
-    for name in watch:
-        if name in point.metrics and is_nonfinite(point.metrics[name]):
-            value = float(point.metrics[name])
-            return Verdict(trial_id, NONFINITE, name, value, math.inf, point.iteration, now,
-                           f"{name}={value} at iteration {point.iteration}")
-    return None
-
-
 def check_divergence(trial_id: str, history: Sequence[Point], point: Point,
-                     health: HealthConfig, now: float, best: float | None = None
-                     ) -> Verdict | None:
+                     health: SweepHealthConfig, now: float, best: float | None = None, *,
+                     metric: str = "loss") -> Verdict | None:
     """The first watched metric is worse than ``divergence_factor`` x the trial's own best
     and x its rolling median (``history`` excludes ``point``; ``best``, when given, is the
     best value seen before ``history``'s window too). Defined for positive metrics
     (losses, accuracies); a best or median <= 0 skips the check."""
     factor = health.divergence_factor
-    name = health.watch_metrics[0]
+    name = metric
     if factor is None or name not in point.metrics:
         return None
     past = [p.metrics[name] for p in history if name in p.metrics
@@ -122,17 +63,6 @@ def check_divergence(trial_id: str, history: Sequence[Point], point: Point,
                    f"{factor}x the trial's best ({best:.6g}) and median ({median:.6g})")
 
 
-def check_stall(trial_id: str, last_progress: float, now_monotonic: float, timeout_s: float,
-                last_iteration: int, now: float) -> Verdict | None:
-    """No result (or start) for longer than ``timeout_s`` seconds."""
-    silent = now_monotonic - last_progress
-    if silent <= timeout_s:
-        return None
-    return Verdict(trial_id, STALL, None, silent, timeout_s, last_iteration + 1, now,
-                   f"no result for {silent:.1f} s (stall timeout {timeout_s:.1f} s) after "
-                   f"iteration {last_iteration}")
-
-
 def intervals(points: Sequence[Point]) -> list[float]:
     """Seconds each result took: its ``interval_s`` or the gap to the result before it."""
     out: list[float] = []
@@ -142,12 +72,12 @@ def intervals(points: Sequence[Point]) -> list[float]:
     return out
 
 
-def recent_count(health: HealthConfig) -> int:
+def recent_count(health: SweepHealthConfig) -> int:
     """How many consecutive slow results make a collapse."""
     return max(RECENT_INTERVALS, health.window // 4)
 
 
-def check_throughput(trial_id: str, points: Sequence[Point], health: HealthConfig,
+def check_throughput(trial_id: str, points: Sequence[Point], health: SweepHealthConfig,
                      now: float) -> Verdict | None:
     """Results per second, over each of the last :func:`recent_count` results, below
     ``throughput_collapse_fraction`` x the trial's median rate over the window before them
@@ -173,7 +103,7 @@ def check_throughput(trial_id: str, points: Sequence[Point], health: HealthConfi
                    f"below {fraction} x the trial's median {median_rate:.3g}/s")
 
 
-def check_memory(trial_id: str, points: Sequence[Point], health: HealthConfig,
+def check_memory(trial_id: str, points: Sequence[Point], health: SweepHealthConfig,
                  now: float) -> Verdict | None:
     """A memory metric rose at every one of the last ``window`` results and by more than
     ``memory_growth_fraction`` in total."""
@@ -199,29 +129,18 @@ def check_memory(trial_id: str, points: Sequence[Point], health: HealthConfig,
 
 
 def check_result(trial_id: str, history: Sequence[Point], point: Point,
-                 health: HealthConfig, now: float, best: float | None = None
-                 ) -> Verdict | None:
+                 health: SweepHealthConfig, now: float, best: float | None = None, *,
+                 watch: Sequence[str] = ("loss",)) -> Verdict | None:
     """All result checks in order of severity; the first unhealthy verdict, else ``None``.
     ``history`` holds the trial's earlier points (not ``point``), ``best`` the best value of
-    the first watched metric seen before them (optional)."""
-    verdict = check_nonfinite(trial_id, point, health.watch_metrics, now)
+    the first watched metric seen before them (optional); ``watch``: the watched metrics
+    (``HealthConfig.watch_metrics``; divergence judges the first)."""
+    verdict = check_nonfinite(trial_id, point, watch, now)
     if verdict is not None:
         return verdict
     series = [*history, point]
-    return (check_divergence(trial_id, history, point, health, now, best)
+    return (check_divergence(trial_id, history, point, health, now, best, metric=watch[0])
             or check_throughput(trial_id, series, health, now)
             or check_memory(trial_id, series, health, now))
 
 
-def numeric_metrics(result: Mapping[str, Any], names: Sequence[str]) -> dict[str, float]:
-    """The named entries of a result that are numbers (NaN/inf kept), as floats."""
-    out: dict[str, float] = {}
-    for name in names:
-        value = result.get(name)
-        if isinstance(value, bool) or value is None:
-            continue
-        try:
-            out[name] = float(value)
-        except (TypeError, ValueError):
-            continue
-    return out

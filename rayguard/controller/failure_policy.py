@@ -14,10 +14,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ray.train.v2._internal.execution.failure_handling import FailureDecision
-from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
+from rayguard._ray.train import DefaultFailurePolicy, FailureDecision, unwrap_worker_error
 from rayguard.events import make_event
 from rayguard.exceptions import ConfigError, PreflightError, WorkerSetupError
 
@@ -32,7 +31,9 @@ STOP_REASON_KEY = "stop_reason"
 
 
 def is_fatal(error: BaseException) -> bool:
-    error = getattr(error, "_base_exc", error)
+    """Whether a restart cannot fix ``error`` (one of :data:`FATAL_ERRORS`, or an exception
+    whose class sets ``fatal = True``), looking inside Ray's wrapper of a worker's error."""
+    error = unwrap_worker_error(error)
     return isinstance(error, FATAL_ERRORS) or bool(getattr(error, "fatal", False))
 
 

@@ -1,9 +1,9 @@
-"""Applies health decisions to a running Ray Tune experiment (the only module that touches
-Tune's internals).
+"""Ray Tune internals: applies health decisions to a running Tune experiment, and the few
+private Tune/Train objects ``rayguard.tune`` builds (the only module that touches them).
 
 Ray Tune has no public API to restart a trial from a chosen checkpoint, so this module uses
-the internals of Ray 2.60's ``TuneController`` the same way Tune's own failure recovery
-(``TuneController._try_recover``) does:
+the internals of ``TuneController`` (Ray 2.59 and 2.60 alike) the same way Tune's own failure
+recovery (``TuneController._try_recover``) does:
 
 * ``TuneController._trial_to_actor``, ``_actor_manager.remove_actor(kill=True)``,
   ``_actor_manager.is_actor_started``: end the trial's actor at once (a stalled one too);
@@ -16,10 +16,17 @@ the internals of Ray 2.60's ``TuneController`` the same way Tune's own failure r
   to end a trial as errored the way ``_process_trial_failure`` does;
 * the controller itself is found by walking up the callback's call stack, and
   ``TuneRun.stop()`` sets ``ray.tune.tune.run``'s local ``experiment_interrupted_event``
-  (what its Ctrl+C handler sets) found the same way.
+  (what its Ctrl+C handler sets) found the same way;
+* ``ray.train._internal.session._TrainingResult(checkpoint=, metrics=)``: what Tune's
+  checkpoint manager restores from (:func:`training_result`);
+* ``ray.train._internal.storage.StorageContext(...).experiment_fs_path``: where a sweep
+  stores its results (:func:`experiment_path`);
+* ``Tuner._local_tuner.get_run_config()``: the run config a (restored) ``Tuner`` will use
+  (:func:`stored_run_config`).
 
 Every access is guarded: a Ray version without them raises :class:`TuneInternalsError`
-naming the missing attribute instead of failing somewhere inside Tune.
+(a :class:`~rayguard.exceptions.RayVersionError`) naming the missing attribute instead of
+failing somewhere inside Tune.
 """
 
 from __future__ import annotations
@@ -28,11 +35,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayguard.exceptions import HealthError
-from rayguard.tune.decisions import CheckpointRecord
+from rayguard._ray import version_error
+from rayguard.exceptions import HealthError, RayVersionError
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
+
+    from rayguard.health.decisions import CheckpointRecord
 
 CONTROLLER_ATTRS = (
     "_trial_to_actor", "_actor_manager", "_schedule_trial_stop", "_requeue_trial",
@@ -41,8 +50,8 @@ CONTROLLER_ATTRS = (
 )
 
 
-class TuneInternalsError(HealthError):
-    """The installed Ray Tune lacks an internal rayguard.tune relies on (tested: 2.60)."""
+class TuneInternalsError(RayVersionError, HealthError):
+    """The installed Ray Tune lacks an internal rayguard.tune relies on."""
 
 
 class HealthRestart(HealthError):
@@ -53,12 +62,42 @@ class HealthRestart(HealthError):
 def _missing(obj: object, names: tuple[str, ...], what: str) -> None:
     absent = [n for n in names if not hasattr(obj, n)]
     if absent:
-        import ray
+        raise _tune_error(", ".join(f"{what}.{n}" for n in absent))
 
-        raise TuneInternalsError(
-            f"rayguard.tune needs {what}.{', '.join(absent)} from Ray Tune, which Ray "
-            f"{ray.__version__} does not have. rayguard.tune is tested with ray 2.60: "
-            "install ray 2.60, or pass health=None to run without health restarts")
+
+def _tune_error(thing: str) -> TuneInternalsError:
+    return TuneInternalsError(str(version_error(thing, "rayguard.tune's health restarts")))
+
+
+def training_result(path: str, metrics: dict[str, Any]) -> Any:
+    """What Tune's checkpoint manager restores a trial from, for the checkpoint at ``path``."""
+    try:
+        from ray.train._internal.session import _TrainingResult
+    except ImportError as exc:
+        raise _tune_error("ray.train._internal.session._TrainingResult") from exc
+    from ray.tune import Checkpoint
+
+    return _TrainingResult(checkpoint=Checkpoint(path), metrics=metrics)
+
+
+def experiment_path(run_config: Any) -> str:
+    """The directory a sweep with ``run_config`` stores its results in (as Tune computes it)."""
+    try:
+        from ray.train._internal.storage import StorageContext
+    except ImportError as exc:
+        raise _tune_error("ray.train._internal.storage.StorageContext") from exc
+    storage = StorageContext(storage_path=run_config.storage_path,
+                             experiment_dir_name=run_config.name,
+                             storage_filesystem=run_config.storage_filesystem)
+    return storage.experiment_fs_path
+
+
+def stored_run_config(tuner: Any) -> Any:
+    """The ``RunConfig`` object ``tuner.fit()`` will use (for a restored tuner, the one
+    unpickled from the experiment); changes to it apply to the run."""
+    local = getattr(tuner, "_local_tuner", None)
+    _missing(local, ("get_run_config",), "Tuner._local_tuner")
+    return local.get_run_config()  # type: ignore[union-attr]
 
 
 def find_controller(max_depth: int = 10) -> Any:
@@ -140,9 +179,11 @@ def restart_trial(controller: Any, trial: Trial, checkpoint: CheckpointRecord | 
     controller._requeue_trial(trial)
 
 
-def fail_trial(controller: Any, trial: Trial, reason: str) -> None:
-    """End the trial as errored with ``reason`` (as Tune ends a trial out of retries)."""
-    error = HealthError(reason)
+def fail_trial(controller: Any, trial: Trial, reason: str,
+               error: HealthError | None = None) -> None:
+    """End the trial as errored with ``error`` (default: a HealthError saying ``reason``),
+    as Tune ends a trial out of retries."""
+    error = error if error is not None else HealthError(reason)
     trial.handle_error(error)  # type: ignore[arg-type]
     controller._has_errored = True
     controller._scheduler_alg.on_trial_error(controller, trial)

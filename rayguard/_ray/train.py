@@ -1,0 +1,207 @@
+"""Ray Train V2 internals: what rayguard's controller-side code and ``RobustTrainer`` build on.
+
+Relies on (checked at import; all present in Ray 2.59 and 2.60, see docs/compatibility.md):
+
+* ``ray.train.v2._internal.execution.callback``: ``ControllerCallback`` and
+  ``WorkerGroupCallback`` with the hooks ``before_worker_group_start``,
+  ``before_init_train_context(workers)``, ``after_worker_group_poll_status`` and
+  ``before_controller_execute_failure_decision``;
+* the worker records handed to ``before_init_train_context``: ``metadata.node_id``,
+  ``metadata.gpu_ids``, ``resources``, ``execute_async(fn)``, ``distributed_context``, and
+  the fact that the list is the one the worker-group state holds (reordering it in place
+  reorders the ranks; :func:`permute_workers`);
+* ``failure_handling.FailureDecision`` and ``failure_handling.default.DefaultFailurePolicy``;
+* ``scaling_policy``: ``ElasticScalingPolicy`` with the private ``_count_possible_workers``,
+  ``_get_reserved_resources``, ``_latest_reserved_resources(_query_time)``,
+  ``_autoscaling_coordinator``, ``_requester_id`` and ``GET_RESERVED_RESOURCES_INTERVAL_S``;
+  ``create_scaling_policy``, ``ScalingDecision``, ``ScalingPolicy``;
+  ``autoscaling_coordinator_client.AUTOSCALING_REQUESTS_GET_TIMEOUT_S``;
+  ``ray.train.v2._internal.util.time_monotonic``. The coordinator's
+  ``get_reserved_resources(recompute=True)`` exists from Ray 2.60 only: on 2.59 the policy
+  falls back to the plain (up to 20 s old) view;
+* ``TorchTrainer``'s private ``_get_train_func``, ``_create_default_callbacks`` and
+  ``_initialize_and_run_controller(**kwargs)`` (with ``failure_policy=`` and
+  ``scaling_policy=``), which :class:`GuardHooksTrainer` overrides;
+* a worker failure wraps the user's exception in a Ray error with ``_base_exc``
+  (:func:`unwrap_worker_error`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from rayguard._ray import require_attrs, version_error
+
+try:
+    from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+    from ray.train.v2._internal.execution.failure_handling import FailureDecision
+    from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
+    from ray.train.v2._internal.execution.scaling_policy import (
+        ElasticScalingPolicy,
+        ScalingDecision,
+        ScalingPolicy,
+        create_scaling_policy,
+    )
+    from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
+        AUTOSCALING_REQUESTS_GET_TIMEOUT_S,
+    )
+    from ray.train.v2._internal.util import time_monotonic
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
+except ImportError as _exc:  # a Ray whose Train V2 internals moved
+    raise version_error(f"a Train V2 internal ({_exc})", "RobustTrainer") from _exc
+
+require_attrs(WorkerGroupCallback, ("before_worker_group_start", "before_init_train_context",
+                                    "after_worker_group_poll_status"),
+              "WorkerGroupCallback", "RobustTrainer's controller hooks")
+require_attrs(ControllerCallback, ("before_controller_execute_failure_decision",),
+              "ControllerCallback", "RobustTrainer's controller hooks")
+require_attrs(ElasticScalingPolicy, ("_count_possible_workers", "_get_reserved_resources",
+                                     "GET_RESERVED_RESOURCES_INTERVAL_S"),
+              "ElasticScalingPolicy", "elastic world sizes (GuardConfig(global_batch_size=))")
+require_attrs(TorchTrainer, ("_get_train_func", "_create_default_callbacks",
+                             "_initialize_and_run_controller"), "TorchTrainer", "RobustTrainer")
+
+if TYPE_CHECKING:
+    from ray.train.v2.api.config import ScalingConfig
+
+logger = logging.getLogger("rayguard")
+
+__all__ = [
+    "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "GuardHooksTrainer",
+    "RoundingElasticPolicy", "ScalingPolicy", "WorkerGroupCallback", "create_scaling_policy",
+    "permute_workers", "probe_nodes", "reserved_resources", "unwrap_worker_error",
+    "worker_slots",
+]
+
+
+# -- errors ------------------------------------------------------------------------------
+def unwrap_worker_error(error: BaseException) -> BaseException:
+    """The user's exception inside the Ray error a worker failure arrives as."""
+    return getattr(error, "_base_exc", error)
+
+
+# -- the worker list of before_init_train_context -------------------------------------------
+def worker_slots(workers: Sequence[Any]) -> list[tuple[str, list[Any], float]]:
+    """``(node_id, gpu_ids, cpus)`` of each worker, in Ray's rank order."""
+    return [(w.metadata.node_id, list(w.metadata.gpu_ids), float(w.resources.get("CPU", 0.0)))
+            for w in workers]
+
+
+def probe_nodes(workers: Sequence[Any], fn: Callable[[], Any], timeout_s: float) -> dict[str, Any]:
+    """``fn()`` run once per node (in the first worker there), by node id. Raises what
+    ``ray.get`` raises (a dead worker, a timeout)."""
+    probes: dict[str, Any] = {}
+    for w in workers:
+        probes.setdefault(w.metadata.node_id, w.execute_async(fn))
+    return dict(zip(probes, ray.get(list(probes.values()), timeout=timeout_s), strict=True))
+
+
+def permute_workers(workers: list[Any], perm: Sequence[int]) -> None:
+    """Give ``workers[perm[r]]`` world rank ``r``: the distributed contexts stay in place and
+    the workers move, in the very list Ray's worker-group state holds."""
+    contexts = [w.distributed_context for w in workers]
+    reordered = [workers[i] for i in perm]
+    for ctx, worker in zip(contexts, reordered, strict=True):
+        worker.distributed_context = ctx
+    workers[:] = reordered
+
+
+# -- the scaling policy ----------------------------------------------------------------------
+def reserved_resources(per_node: Sequence[dict[str, float]]) -> Any:
+    """Reservations in the shape Ray's autoscaling coordinator returns them: a dict by node
+    on Ray 2.60 (``ReservedResources``), a list on 2.59 (what ``_count_possible_workers``
+    takes)."""
+    try:
+        from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (  # noqa: F401
+            ReservedResources,
+        )
+    except ImportError:  # Ray 2.59
+        return [dict(r) for r in per_node]
+    return {f"node{i}": dict(r) for i, r in enumerate(per_node)}
+
+
+class RoundingElasticPolicy(ElasticScalingPolicy):
+    """Ray's elastic policy whose worker count goes through ``choose(possible) -> count``,
+    and that asks the coordinator for a fresh view of the cluster after a failure.
+
+    ``choose`` must pickle (the policy is sent to the controller actor)."""
+
+    def __init__(self, scaling_config: ScalingConfig, choose: Callable[[int], int],
+                 fresh_cluster_view: bool = True) -> None:
+        super().__init__(scaling_config)
+        self.choose = choose
+        self.fresh_cluster_view = fresh_cluster_view
+        """Ask the coordinator to recompute reservations against live nodes on each query."""
+        self._was_running = False
+
+    def make_decision_for_running_worker_group(self, worker_group_state: Any,
+                                               worker_group_status: Any) -> ScalingDecision:
+        self._was_running = True
+        return super().make_decision_for_running_worker_group(worker_group_state, worker_group_status)
+
+    def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
+        if self._was_running and self.fresh_cluster_view:
+            # The group just failed or is being resized: the reservation cached by the running
+            # group's monitor (up to 1 s old) still counts a node that may have just died.
+            self._was_running = False
+            self._latest_reserved_resources_query_time = float("-inf")
+        return super().make_decision_for_non_running_worker_group()
+
+    def _count_possible_workers(self, reserved_resources: Any) -> int:
+        return self.choose(super()._count_possible_workers(reserved_resources))
+
+    def _get_reserved_resources(self) -> Any:
+        if not self.fresh_cluster_view:
+            return super()._get_reserved_resources()
+        now = time_monotonic()
+        if now - self._latest_reserved_resources_query_time < self.GET_RESERVED_RESOURCES_INTERVAL_S:
+            return self._latest_reserved_resources
+        coordinator = self._autoscaling_coordinator
+        reserved = None
+        try:
+            reserved = ray.get(
+                coordinator.get_reserved_resources.remote(self._requester_id, recompute=True),
+                timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S)
+        except TypeError:  # Ray 2.59: no ``recompute``; the plain query
+            self.fresh_cluster_view = False
+            return super()._get_reserved_resources()
+        except Exception:
+            logger.warning("rayguard: failed to get reserved resources for %s; not resizing now",
+                           self._requester_id, exc_info=True)
+        finally:
+            self._latest_reserved_resources_query_time = time_monotonic()
+        self._latest_reserved_resources = reserved
+        return reserved
+
+
+# -- TorchTrainer's private hooks ---------------------------------------------------------------
+class GuardHooksTrainer(TorchTrainer):
+    """``TorchTrainer`` with its private hooks turned into three public ones a subclass
+    overrides: :meth:`wrap_train_func`, :meth:`controller_callbacks`,
+    :meth:`controller_policies`."""
+
+    def wrap_train_func(self, train_func: Callable[..., Any]) -> Callable[..., Any]:
+        """The function each worker runs, given the one Ray Train would run."""
+        return train_func
+
+    def controller_callbacks(self, callbacks: list[Any]) -> list[Any]:
+        """The controller's callbacks, given Ray Train's defaults."""
+        return callbacks
+
+    def controller_policies(self) -> dict[str, Any]:
+        """``failure_policy`` and/or ``scaling_policy`` for the controller (absent: Ray's)."""
+        return {}
+
+    def _get_train_func(self):
+        return self.wrap_train_func(super()._get_train_func())
+
+    def _create_default_callbacks(self):
+        return self.controller_callbacks(super()._create_default_callbacks())
+
+    def _initialize_and_run_controller(self, **controller_init_kwargs: Any):
+        controller_init_kwargs.update(self.controller_policies())
+        return super()._initialize_and_run_controller(**controller_init_kwargs)

@@ -1,0 +1,124 @@
+"""World ranks rayguard chooses: NUMA order on a first start, the elastic remapping policy
+after a resize. A Ray Train worker-group hook applies them.
+
+Ray Train groups ranks by node and sorts them by GPU id. Two things it does not do:
+
+* NUMA order: when GPU numbering interleaves the sockets (GPUs 0, 2, 4, 6 on socket 0), GPU
+  order is not NUMA order (:func:`rayguard.placement.numa.numa_rank_permutation`);
+* keep ranks stable across restarts: after a resize, survivors keep their relative order
+  and their rank where it still fits, new workers fill the lowest free ranks
+  (:func:`rayguard.elastic.remap.remap_permutation`).
+
+The hook runs in Ray Train's controller after Ray assigned ranks and before any worker
+learns its rank or joins the process group, and permutes the ranks (both planners are pure
+functions returning a permutation; :func:`rayguard._ray.train.permute_workers` applies it).
+
+The previous attempt's assignment has one home: the run coordinator's key-value store,
+under :data:`rayguard.elastic.remap.ASSIGNMENT_KEY`. The hook reads it, plans, and writes the
+new record before the workers start; the workers read the same record for
+``ctx.previous_rank``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from rayguard._ray.train import WorkerGroupCallback, permute_workers, probe_nodes, worker_slots
+
+logger = logging.getLogger("rayguard")
+
+
+class Store(Protocol):
+    """The part of the run coordinator's key-value store the hook uses (synchronous)."""
+
+    def get(self, key: str) -> Any: ...
+
+    def put(self, key: str, value: Any) -> None: ...
+
+
+class CoordinatorStore:
+    """:class:`Store` over the run coordinator actor (blocking calls, bounded)."""
+
+    def __init__(self, coordinator: Any, timeout_s: float = 30.0) -> None:
+        self.coordinator = coordinator
+        self.timeout_s = timeout_s
+
+    def get(self, key: str) -> Any:
+        import ray
+
+        return ray.get(self.coordinator.get.remote(key), timeout=self.timeout_s)
+
+    def put(self, key: str, value: Any) -> None:
+        import ray
+
+        ray.get(self.coordinator.put.remote(key, value), timeout=self.timeout_s)
+
+
+def _discover() -> Any:
+    from rayguard.placement.topology import discover_topology
+
+    return discover_topology()
+
+
+def _numa_permutation(workers: list[Any]) -> list[int] | None:
+    from rayguard.placement.numa import WorkerRequest, numa_rank_permutation
+
+    try:
+        topologies = probe_nodes(workers, _discover, timeout_s=60)
+    except Exception as exc:  # placement is an optimisation: keep Ray's order
+        logger.warning("rayguard: could not read node topologies (%s); keeping Ray's rank "
+                       "order", exc)
+        return None
+    slots = worker_slots(workers)
+    requests = [WorkerRequest(i, tuple(str(g) for g in gpus), cpus)
+                for i, (_, gpus, cpus) in enumerate(slots)]
+    return numa_rank_permutation([node for node, _, _ in slots], requests, topologies)
+
+
+class RankOrder(WorkerGroupCallback):
+    """Runs in Ray Train's controller, once per worker-group start. ``store``: where the
+    rank-assignment record lives (``None``: no record, every start is a first start)."""
+
+    def __init__(self, numa: bool = True, store: Store | None = None) -> None:
+        self.numa = numa
+        self.store = store
+
+    def before_init_train_context(self, workers: list[Any]) -> dict[str, list[Any]]:
+        from rayguard.elastic.remap import (
+            ASSIGNMENT_KEY,
+            assignment_from_state,
+            next_record,
+            remap_permutation,
+            slots_from_workers,
+        )
+
+        record = self._read(ASSIGNMENT_KEY)
+        previous = record.get("current") if record else None
+        if previous is None and self.numa and any(gpus for _, gpus, _ in worker_slots(workers)):
+            perm = _numa_permutation(workers)
+            if perm and perm != list(range(len(workers))):
+                permute_workers(workers, perm)
+                logger.info("rayguard: world ranks in NUMA order: %s", perm)
+        slots = slots_from_workers([(node, gpus) for node, gpus, _ in worker_slots(workers)])
+        if previous is not None:
+            perm = remap_permutation(slots, assignment_from_state(previous))
+            if perm != list(range(len(workers))):
+                permute_workers(workers, perm)
+                slots = [slots[i] for i in perm]
+                logger.info("rayguard: world ranks remapped after a restart: %s", perm)
+        if self.store is not None:
+            try:
+                self.store.put(ASSIGNMENT_KEY, next_record(record, slots))
+            except Exception as exc:  # the coordinator died: the run is failing anyway
+                logger.warning("rayguard: could not store the rank assignment: %s", exc)
+        return {}
+
+    def _read(self, key: str) -> Any:
+        if self.store is None:
+            return None
+        try:
+            return self.store.get(key)
+        except Exception as exc:  # keep Ray's order rather than fail the start
+            logger.warning("rayguard: could not read the previous rank assignment: %s", exc)
+            return None

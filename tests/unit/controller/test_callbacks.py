@@ -1,0 +1,74 @@
+"""RayGuardCallback on Ray's own poll-status objects, with the run's real coordinator called
+in process: attempts counted, each worker failure recorded once with its cause, a RETRY
+recorded as a restart."""
+
+from __future__ import annotations
+
+from ray.exceptions import ActorDiedError
+from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
+
+from rayguard._ray.train import FailureDecision
+from rayguard.controller.callbacks import RayGuardCallback, describe_failure
+from rayguard.exceptions import NonFiniteMetricError
+
+
+def status(errors: dict[int, BaseException | None]) -> WorkerGroupPollStatus:
+    return WorkerGroupPollStatus(worker_statuses={
+        rank: WorkerStatus(running=error is None, error=error) for rank, error in errors.items()})  # type: ignore[arg-type]
+
+
+def test_attempts_are_counted_by_the_coordinator(coordinator) -> None:
+    callback = RayGuardCallback(coordinator)
+    callback.before_worker_group_start(None)
+    callback.before_worker_group_start(None)
+    assert callback._attempt == 1 and coordinator.target.attempt() == 1
+
+
+def test_each_failure_is_recorded_once_per_attempt_with_its_cause(coordinator, events) -> None:
+    callback = RayGuardCallback(coordinator)
+    callback.before_worker_group_start(None)
+    coordinator.target.put("cause:0:1", "injected kill at step 3")
+    polled = status({0: None, 1: RuntimeError("killed"), 2: NonFiniteMetricError("loss is nan\nmore")})
+    callback.after_worker_group_poll_status(polled)
+    callback.after_worker_group_poll_status(polled)  # polled again: nothing new
+    died = [e for e in events() if e["kind"] == "worker_died"]
+    assert [(e["rank"], e["attempt"], e["cause"]) for e in died] == [
+        (1, 0, "injected kill at step 3"), (2, 0, "nan")]
+    assert died[1]["detail"] == "rank 2 failed: NonFiniteMetricError: loss is nan"
+    assert "more" in died[1]["details"]
+    callback.before_worker_group_start(None)  # the same rank failing in a new attempt is new
+    callback.after_worker_group_poll_status(status({1: RuntimeError("again")}))
+    assert [(e["rank"], e["attempt"]) for e in events() if e["kind"] == "worker_died"][-1] == (1, 1)
+
+
+def test_a_retry_is_recorded_as_a_restart_and_nothing_else_is(coordinator, events) -> None:
+    callback = RayGuardCallback(coordinator)
+    callback.before_worker_group_start(None)
+    callback.before_controller_execute_failure_decision(FailureDecision.RAISE)
+    callback.before_controller_execute_failure_decision(FailureDecision.NOOP)
+    assert events() == []
+    callback.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert [(e["kind"], e["attempt"]) for e in events()] == [("restart", 0)]
+
+
+def test_an_unreadable_cause_is_described_from_the_error(coordinator, events) -> None:
+    class NoGet:
+        def __getattr__(self, name):
+            if name == "get":
+                raise TimeoutError("slow")
+            return getattr(coordinator, name)
+
+    callback = RayGuardCallback(NoGet())
+    callback.before_worker_group_start(None)
+    callback.after_worker_group_poll_status(status({0: ValueError("bad")}))
+    assert [(e["cause"], e["detail"]) for e in events()] == [("error", "rank 0 failed: ValueError: bad")]
+
+
+def test_describe_failure_causes() -> None:
+    assert describe_failure(ActorDiedError(), None)[0] == "died"
+    assert describe_failure(UserExceptionWithTraceback(NonFiniteMetricError("x"), "tb"), None)[0] == "nan"
+    cause, reason, _ = describe_failure(RuntimeError("x"), "killed by rayguard: stall")
+    assert cause == "stall" and "stall_detected" in reason
+    cause, reason, _ = describe_failure(RuntimeError("x"), "injected hang at step 2")
+    assert cause == "injected hang at step 2" and "RAYGUARD_FAULTS" in reason
