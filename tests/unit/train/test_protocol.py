@@ -245,3 +245,44 @@ def test_the_protocol_imports_no_ray() -> None:
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+class _FakeTier:
+    """The memory tier's hooks, recorded; it serves payloads it was offered."""
+
+    def __init__(self) -> None:
+        self.offered: dict[tuple[str, int], Any] = {}
+        self.committed_paths: list[str] = []
+
+    def enabled(self) -> bool:
+        return True
+
+    def offer(self, final: str, step: int, payload: Any, record: Any) -> None:
+        self.offered[(final, record.rank)] = payload
+
+    def committed(self, final: str, step: int) -> None:
+        self.committed_paths.append(final)
+
+    def choose(self, skip: set[str]) -> str | None:
+        return self.committed_paths[-1] if self.committed_paths else None
+
+    def prepare(self, chosen: str, choose_on_disk: Callable[[], str | None]) -> Any:
+        held = {rank: p for (final, rank), p in self.offered.items() if final == chosen}
+        return chosen, held, {"tier": "memory"}
+
+
+def test_the_memory_tier_hooks_see_each_shard_and_serve_the_load(tmp_path: Path) -> None:
+    tier = _FakeTier()
+    store = LocalStore(str(tmp_path))
+    ThreadGroup(WORLD).run(lambda c: protocol.save(c, store, _payload(c.rank, 1), step=1,
+                                                   attempt=0, tag="r1", tier=tier))
+    final = store.final_path(protocol.checkpoint_name(1, 0))
+    assert sorted(r for _, r in tier.offered) == list(range(WORLD))
+    assert tier.committed_paths == [final]  # once, by rank 0, after the commit
+    for key in tier.offered:  # mark the memory copies, to see which tier served the load
+        tier.offered[key]["state"]["w"] = tier.offered[key]["state"]["w"] + 0.5
+    group = ThreadGroup(WORLD)
+    restored = group.run(lambda c: protocol.load(c, store, tag="load1", tier=tier))
+    for rank, r in enumerate(restored):
+        assert torch.equal(r.state["w"], torch.full((300_000,), rank * 100 + 1.5))
+    assert [e["tier"] for e in group.events if e["kind"] == "restored"] == ["memory"]
