@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -76,31 +77,46 @@ def read_shard_file(path: Path, record: FileRecord | None, *, threads: int | Non
         raise CheckpointCorruptError(f"{path}: shard file is missing") from None
     try:
         size = os.fstat(fd).st_size
-        if record is not None and size != record.size_bytes:
-            raise CheckpointCorruptError(
-                f"{path}: size is {size} bytes, the manifest says {record.size_bytes} "
-                "(truncated or overwritten after the save)"
-            )
-        with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
-            hasher = StreamHasher(pool) if record is not None else None
-            try:
-                structure, objects = _read_payload(fd, path, size, hasher)
-            except BaseException:
-                if hasher is not None:
-                    hasher.cancel()
-                raise
-            if hasher is not None and record is not None:
-                digest, chunks = hasher.finish()
-                if digest != record.digest:
-                    raise CheckpointCorruptError(f"{path}: {describe_digest_mismatch(record, digest, chunks)}")
+        _check_size(size, record, str(path), " (truncated or overwritten after the save)")
+        structure, objects = _hashed(record, str(path), threads,
+                                     lambda hasher: _read_payload(fd, path, size, hasher))
     except (OSError, EOFError) as exc:
         raise CheckpointCorruptError(f"{path}: could not read the shard ({exc})") from None
     finally:
         os.close(fd)
+    return _decode(structure, objects, str(path))
+
+
+def _check_size(size: int, record: FileRecord | None, where: str, why: str = "") -> None:
+    if record is not None and size != record.size_bytes:
+        raise CheckpointCorruptError(
+            f"{where}: size is {size} bytes, the manifest says {record.size_bytes}{why}")
+
+
+def _hashed(record: FileRecord | None, where: str, threads: int | None,
+            fill: Callable[[StreamHasher | None], tuple[Any, list[Any]]]) -> tuple[Any, list[Any]]:
+    """Run ``fill(hasher)`` (it reads the shard into fresh tensors, adding every byte to the
+    hasher) and check the digest against ``record``; no hashing when ``record`` is None."""
+    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
+        hasher = StreamHasher(pool) if record is not None else None
+        try:
+            structure, objects = fill(hasher)
+        except BaseException:
+            if hasher is not None:
+                hasher.cancel()
+            raise
+        if hasher is not None and record is not None:
+            digest, chunks = hasher.finish()
+            if digest != record.digest:
+                raise CheckpointCorruptError(f"{where}: {describe_digest_mismatch(record, digest, chunks)}")
+    return structure, objects
+
+
+def _decode(structure: Any, objects: list[Any], where: str) -> Any:
     try:
         return fmt.decode(structure, objects)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise CheckpointCorruptError(f"{path}: shard structure is invalid ({exc})") from None
+        raise CheckpointCorruptError(f"{where}: shard structure is invalid ({exc})") from None
 
 
 def _read_payload(fd: int, path: Path, size: int, hasher: StreamHasher | None) -> tuple[Any, list[Any]]:
@@ -156,8 +172,6 @@ def _to_device(state: Any, device: torch.device) -> Any:
     return state
 
 
-
-
 def read_shard_bytes(data: Any, record: FileRecord | None, where: str, *,
                      threads: int | None = None) -> Any:
     """Load one shard from memory (``data``: bytes or a uint8 buffer holding the whole file),
@@ -166,34 +180,24 @@ def read_shard_bytes(data: Any, record: FileRecord | None, where: str, *,
     so the state returned never shares memory with ``data``. Raises CheckpointCorruptError."""
     buf = memoryview(data).cast("B")
     size = buf.nbytes
-    if record is not None and size != record.size_bytes:
-        raise CheckpointCorruptError(f"{where}: size is {size} bytes, the manifest says {record.size_bytes}")
+    _check_size(size, record, where)
     n = int.from_bytes(buf[:8], "little") if size >= 8 else -1
     if n < 0 or n > fmt.MAX_HEADER_BYTES or 8 + n > size:
         raise CheckpointCorruptError(f"{where}: shard header length {n} is impossible for a {size}-byte buffer (corrupt)")
-    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
-        hasher = StreamHasher(pool) if record is not None else None
-        try:
+
+    def fill(hasher: StreamHasher | None) -> tuple[Any, list[Any]]:
+        if hasher is not None:
+            hasher.add(buf[: 8 + n])
+        structure, entries, offset = fmt.parse_header(bytes(buf[8 : 8 + n]), size, where)
+        objects: list[Any] = []
+        for entry in entries:
+            obj, view = fmt.allocate(entry)
+            view[:] = buf[offset : offset + entry.nbytes]
+            offset += entry.nbytes
+            objects.append(obj)
             if hasher is not None:
-                hasher.add(buf[: 8 + n])
-            structure, entries, offset = fmt.parse_header(bytes(buf[8 : 8 + n]), size, where)
-            objects: list[Any] = []
-            for entry in entries:
-                obj, view = fmt.allocate(entry)
-                view[:] = buf[offset : offset + entry.nbytes]
-                offset += entry.nbytes
-                objects.append(obj)
-                if hasher is not None:
-                    hasher.add(view, obj)
-        except BaseException:
-            if hasher is not None:
-                hasher.cancel()
-            raise
-        if hasher is not None and record is not None:
-            digest, chunks = hasher.finish()
-            if digest != record.digest:
-                raise CheckpointCorruptError(f"{where}: {describe_digest_mismatch(record, digest, chunks)}")
-    try:
-        return fmt.decode(structure, objects)
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise CheckpointCorruptError(f"{where}: shard structure is invalid ({exc})") from None
+                hasher.add(view, obj)
+        return structure, objects
+
+    structure, objects = _hashed(record, where, threads, fill)
+    return _decode(structure, objects, where)
