@@ -1,22 +1,12 @@
 """Fault injection: kill, hang, raise or poison a metric at a given rank and step.
 
-Spec format (``GuardConfig(faults=...)`` or the ``RAYGUARD_FAULTS`` environment variable),
-faults separated by ``;``, fields by ``,``::
-
-    kill:rank=1,step=5          # SIGKILL the worker process when rank 1 reports step 5
-    hang:rank=0,step=9          # block rank 0 forever (or seconds=S) at step 9
-    raise:rank=*,step=3         # raise InjectedFault on every rank at step 3
-    nan:rank=0,step=4,metric=loss   # report loss=NaN at step 4
-    kill:rank=0,at=load         # SIGKILL rank 0 inside rayguard.train.load_state()
-
-Fields: ``rank`` (an int or ``*``, default ``*``), ``step`` (int; required unless
-``at=load``), ``at`` (``report``, the default, or ``load``), ``attempt`` (only on that
-attempt; default: the first attempt that reaches the fault), ``seconds`` (hang only; default
-forever), ``metric`` (nan only; default ``loss``).
+The spec (``GuardConfig(faults=...)`` or the ``RAYGUARD_FAULTS`` environment variable, e.g.
+``kill:rank=1,step=5;nan:rank=0,step=4``) and its fields are documented, and parsed, in
+:mod:`rayguard.fault_spec` (pure, so that the config can validate a spec without importing
+this module).
 
 A fault fires once per run: the run's coordinator records it, so a restarted worker group
-replays the same steps without firing it again. The spec parser is :mod:`rayguard.fault_spec`
-(pure, so that the config can validate a spec without importing this module).
+replays the same steps without firing it again.
 """
 
 from __future__ import annotations
