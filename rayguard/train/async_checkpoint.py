@@ -71,12 +71,7 @@ class AsyncCheckpointer:
             return 0.0, None
         started = time.perf_counter()
         waited = not fut.done()
-        while not fut.done():
-            try:
-                fut.exception(timeout=POLL_S)
-            except TimeoutError:
-                pass
-            self._heartbeat()
+        self._await(fut, None)
         seconds = time.perf_counter() - started
         if waited:
             self.waits += 1
@@ -104,19 +99,25 @@ class AsyncCheckpointer:
         fut = self._inflight
         if fut is None:
             return None
+        if not self._await(fut, timeout_s):
+            logger.warning("rayguard: the checkpoint in flight did not finish in %s s", timeout_s)
+            return None
+        return self.poll()
+
+    def _await(self, fut: Future[Any], timeout_s: float | None) -> bool:
+        """Wait for ``fut`` (at most ``timeout_s``), feeding the watchdog every POLL_S;
+        ``True`` once it is done."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not fut.done():
             left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if left <= 0:
-                logger.warning("rayguard: the checkpoint in flight did not finish in %s s",
-                               timeout_s)
-                return None
+                return False
             try:
                 fut.exception(timeout=left)
             except TimeoutError:
                 pass
             self._heartbeat()
-        return self.poll()
+        return True
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
