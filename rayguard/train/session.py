@@ -94,7 +94,8 @@ class WorkerSession:
         self.ray_bridge: Any = None
         """Set-up's guard around ``ray.train.report`` (:mod:`rayguard.train.ray_report`)."""
         self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
-                               metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
+                               metric=(guard.health.watch_metrics or (None,))[0]
+                               if ctx.rank == 0 else None)
 
     @property
     def fs(self) -> Any:
@@ -442,15 +443,20 @@ class WorkerSession:
         if self.async_checkpoints is not None:  # a checkpoint in flight commits first
             self._collect_async(self.async_checkpoints.wait)
         restored = load_state(self.collective, self.store, sharded, load_count=self.load_count,
-                              previous_rank=self.ctx.previous_rank, tier=self.memory_tier)
+                              previous_rank=self.ctx.previous_rank, tier=self.memory_tier,
+                              on_chosen=self._loading)
         self.watchdog.heartbeat()
-        if self.ctx.rank == 0:
-            self.put(f"loaded:{self.ctx.attempt}", None if restored is None else restored.path)
         if restored is None:
             return None
         if restored.step is not None:
             self.last_step = restored.step
         return restored.state
+
+    def _loading(self, path: str | None) -> None:
+        """The checkpoint this attempt reads (the crash-loop rule rejects one that every
+        attempt of a loop failed to load)."""
+        if self.ctx.rank == 0:
+            self.put(f"loaded:{self.ctx.attempt}", path)
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
         health = self.guard.health
