@@ -107,7 +107,8 @@ def topologies_in_child(notify: Notify, *, address: str, timeout_s: float) -> li
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     notify("connecting", address=address)
-    init_ray(address, found_automatically=address == "auto")
+    init_ray(address, found_automatically=address == "auto", notify=notify,
+             command="rayguard topology")
     notify("connected")
     try:
         @ray.remote(num_cpus=0)
