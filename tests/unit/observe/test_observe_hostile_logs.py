@@ -27,6 +27,7 @@ HOSTILE_LINES = [
     b'{"time": -1e999, "kind": "restart", "attempt": 0, "detail": "-inf time"}',
     b'{"time": NaN, "kind": "restart", "detail": "nan literal"}',
     b'{"time": ' + b"9" * 5000 + b', "kind": "restart", "detail": "huge int"}',
+    b'{"time": ' + b"9" * 400 + b', "kind": "start", "detail": "int too large for a float"}',
     b'{"kind": "restart", "detail": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     b'{"kind": "restart", "x": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}",
     b'{"kind": ["not", "a", "string"], "detail": "unhashable kind"}',
