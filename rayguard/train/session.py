@@ -523,18 +523,30 @@ def _forward(report: Any, metrics: dict[str, Any], path: str | None, fs: Any) ->
 
 def dump_stacks(ctx: GuardContext, *, local_run_dir: bool = True) -> str | None:
     """Write the stacks of every thread of this worker into the run directory (with remote
-    storage: the node's temporary directory; the event names the file and the node)."""
+    storage: a fresh private directory, ``mkdtemp`` mode 0700, in the node's temporary
+    directory; the event names the file and the node). No write follows a link: the folder
+    is opened with O_NOFOLLOW and the file created in it with O_CREAT|O_EXCL|O_NOFOLLOW, so
+    links or files another user planted there are never written through."""
     import faulthandler
     import shutil
     import subprocess
     import tempfile
 
-    base = ctx.run_dir if local_run_dir else tempfile.gettempdir()
-    directory = os.path.join(base, "rayguard_stacks")
+    name = f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}-{os.getpid()}.txt"
     try:
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}.txt")
-        with open(path, "w") as f:
+        if local_run_dir:
+            directory = os.path.join(ctx.run_dir, "rayguard_stacks")
+            os.makedirs(directory, exist_ok=True)
+        else:
+            directory = tempfile.mkdtemp(prefix="rayguard_stacks-")
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o666, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        path = os.path.join(directory, name)
+        with os.fdopen(fd, "w") as f:
             f.write(f"# rank {ctx.rank} pid {os.getpid()} node {ctx.node_id}: Python stacks\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
