@@ -18,6 +18,7 @@ from typing import Any
 
 from rayguard.checkpoint.fallback import list_candidates, order_candidates
 from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.reported import REPORTED_SOURCE
 from rayguard.checkpoint.verify import verify
 from rayguard.inert import inert
 
@@ -81,8 +82,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=1))
     elif report.ok and report.manifest is not None:
         m = report.manifest
+        source = (", reported through ray.train.report"
+                  if m.metadata.get("source") == REPORTED_SOURCE else "")
         print(f"OK {inert(report.path)}: step {m.step}, {len(m.files)} files, "
-              f"{_human(m.size_bytes)}, sha256 verified")
+              f"{_human(m.size_bytes)}, sha256 verified{source}")
     else:
         print(f"CORRUPT {inert(report.path)}:")
         for p in report.problems:
@@ -105,6 +108,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 "step": m.step if m else None,
                 "size_bytes": m.size_bytes if m else None,
                 "status": status,
+                "source": cand.source or ("rayguard" if m else None),
                 "problems": [f"{p.file}: {p.what}" for p in report.problems],
             }
         )
@@ -120,7 +124,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     for row in rows:
         size = _human(row["size_bytes"]) if row["size_bytes"] is not None else "-"
         step = "-" if row["step"] is None else str(row["step"])
-        print(f"{step:>8}  {size:>10}  {row['status']:<9} {inert(row['path'])}")
+        source = "  (ray.train.report)" if row["source"] == REPORTED_SOURCE else ""
+        print(f"{step:>8}  {size:>10}  {row['status']:<9} {inert(row['path'])}{source}")
         for problem in row["problems"]:
             print(f"{'':>32}{inert(problem)}")
     return exit_code
