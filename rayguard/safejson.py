@@ -2,7 +2,7 @@
 that any bytes give either a value or :class:`UnsafeJSONError`, never another exception.
 
 Bounds: the line's size (``max_bytes``), the nesting depth (``max_depth``), numbers (finite
-floats, no ``NaN``/``Infinity`` literals, integers of at most :data:`MAX_INT_DIGITS`
+floats; a ``NaN``/``Infinity`` literal reads as the string ``"nan"``/``"inf"``, integers of at most :data:`MAX_INT_DIGITS`
 digits), the top-level type (an object). Strings come back encodable as UTF-8 (a lone
 surrogate escape such as ``"\\ud800"`` becomes U+FFFD), so printing or writing them never
 fails.
@@ -27,7 +27,14 @@ class UnsafeJSONError(ValueError):
     object. The message says which."""
 
 
+_CONSTANTS = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
+
+
 def _reject_constant(name: str) -> Any:
+    """A ``NaN``/``Infinity`` literal (logs written before the writer used strict JSON)
+    reads as the string the writer uses today (``"nan"``, ``"inf"``, ``"-inf"``)."""
+    if name in _CONSTANTS:
+        return _CONSTANTS[name]
     raise UnsafeJSONError(f"non-finite number {name} (write it as a string)")
 
 

@@ -92,13 +92,17 @@ def normalize(raw: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def parse_line(line: bytes | str, kind: str = "run") -> dict[str, Any] | None:
     """One event from one line, or None for a line that is not one (not JSON, too long, too
-    deep, a number out of bounds, not an object, no string ``kind``)."""
+    deep, a number out of bounds, not an object, no string ``kind``, a ``time`` that is not
+    a number)."""
     try:
         raw = loads_line(line)
     except UnsafeJSONError:
         return None
     if not isinstance(raw.get("kind"), str):
         return None
+    stamp = raw.get("time")
+    if stamp is not None and (isinstance(stamp, (bool, str)) or not isinstance(stamp, (int, float))):
+        return None  # an event's time is a number ("nan" from a NaN literal is not one)
     return normalize(raw, kind)
 
 

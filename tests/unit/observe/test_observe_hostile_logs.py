@@ -187,3 +187,14 @@ def test_each_crafted_line_alone_is_skipped_by_events_and_report(tmp_path, capsy
     assert main(["events", str(tmp_path)]) == 0
     assert main(["report", str(tmp_path), "-o", str(tmp_path / "r.html")]) == 0
     capsys.readouterr()
+
+
+def test_a_nan_literal_from_an_older_writer_reads_as_the_string_written_today(tmp_path):
+    from rayguard.events import read
+
+    (tmp_path / "rayguard_events.jsonl").write_bytes(
+        b'{"kind": "nan_detected", "time": 1.0, "value": NaN, "detail": "x"}\n'
+        b'{"kind": "steps", "time": 2.0, "mean": Infinity, "detail": "y"}\n')
+    events = read(tmp_path)
+    assert [(e["kind"], e.get("value", e.get("mean"))) for e in events] == [
+        ("nan_detected", "nan"), ("steps", "inf")]
