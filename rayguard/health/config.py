@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rayguard.exceptions import config_error
+from rayguard.exceptions import config_error, strict_fields
 from rayguard.health.sweep_config import Mode, check_sweep_fields, sweep_fields_set
 
 NanPolicy = Literal["restart", "fail"]
 
 
+@strict_fields
 @dataclass(frozen=True)
 class HealthConfig:
     """Health checks of a training run (``GuardConfig(health=...)``) or a sweep

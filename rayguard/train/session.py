@@ -113,11 +113,13 @@ class WorkerSession:
 
         return bool(ray.get(self.coordinator.claim.remote(key)))
 
-    def _on_fault(self, fault: Fault) -> None:
-        """An injected fault is about to fire: say so first (a kill leaves no other trace)."""
+    def _on_fault(self, fault: Fault, step: int | None = None) -> None:
+        """An injected fault is about to fire at ``step``: say so first (a kill leaves no other
+        trace)."""
         self.mark(f"cause:{self.ctx.attempt}:{self.ctx.rank}", f"injected {fault.kind}")
         self.record("fault_injected", f"injected {fault.kind} ({fault.key}; RAYGUARD_FAULTS or "
-                    "GuardConfig(faults=))", step=self.last_step, wait=True, fault=fault.kind)
+                    "GuardConfig(faults=))", step=self.last_step if step is None else step,
+                    wait=True, fault=fault.kind)
 
     def raw_report(self, metrics: dict[str, Any], checkpoint: Any = None, **kwargs: Any) -> None:
         """Ray's own ``ray.train.report`` (set-up puts rayguard in front of the public one:
