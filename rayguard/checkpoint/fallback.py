@@ -6,7 +6,6 @@ directory and verifies candidates one by one until one passes.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -15,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayguard.checkpoint import safejson
 from rayguard.checkpoint.commit import STAGING_PREFIX
-from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from rayguard.checkpoint.verify import Problem, VerifyReport, verify
 from rayguard.exceptions import CheckpointError
 
@@ -97,9 +97,10 @@ def list_candidates(root: str | os.PathLike[str]) -> list[Candidate]:
 
 def _peek_step(manifest: Path) -> tuple[int | None, bool]:
     try:
-        step = json.loads(manifest.read_text(encoding="utf-8")).get("step")
-        return (int(step) if step is not None else None), True
-    except (OSError, ValueError, TypeError, AttributeError):
+        doc = safejson.read_file(manifest, str(manifest), max_bytes=MAX_MANIFEST_BYTES)
+        step = doc.get("step")
+        return (None if step is None else safejson.int_field(step, "step", -safejson.INT64_MAX)), True
+    except (OSError, ValueError, CheckpointError):
         return None, False
 
 
