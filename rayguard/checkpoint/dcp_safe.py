@@ -38,6 +38,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
+from rayguard.checkpoint.fsio import read_bounded
 from rayguard.checkpoint.hashing import digest_bytes
 from rayguard.checkpoint.manifest import FileRecord, Manifest, resolve_inside
 from rayguard.checkpoint.sharded import DCP_DIR, DCP_METADATA, owner_of
@@ -159,11 +160,9 @@ def read_unlisted_metadata(checkpoint_dir: str | os.PathLike[str]) -> Any:
 
 def _read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return read_bounded(path, limit, follow=False)
     except OSError as exc:
         raise CheckpointCorruptError(f"{path}: unreadable ({exc})") from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit + 1)
 
 
 def check_dcp(checkpoint_dir: str | os.PathLike[str], manifest: Manifest) -> list[tuple[str, str]]:

@@ -227,7 +227,8 @@ def parse_header(header: bytes, file_size: int, path: str) -> tuple[Any, list[En
     for i, e in enumerate(entries):
         spec = doc.get(str(i))
         if not isinstance(spec, dict) or spec.get("data_offsets") != [offset, offset + e.nbytes]:
-            raise corrupt(f"tensor {i}: offsets {str(spec and spec.get('data_offsets'))[:80]} do not match its size")
+            offsets = spec.get("data_offsets") if isinstance(spec, dict) else spec
+            raise corrupt(f"tensor {i}: offsets {str(offsets)[:80]} do not match its size")
         offset += e.nbytes
     if len(doc) != len(entries) or start + offset != file_size:
         raise corrupt(f"payload of {offset} bytes after a {start}-byte header does not fill the {file_size}-byte file")

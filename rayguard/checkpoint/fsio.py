@@ -130,6 +130,25 @@ def pread_exact(fd: int, buf: memoryview, offset: int, path: str) -> None:
         done += got
 
 
+def read_bounded(path: str | os.PathLike[str], max_bytes: int, *, follow: bool = True) -> bytes:
+    """The bytes of the file at ``path``, or its first ``max_bytes + 1`` when it is longer (the
+    caller sees it is too long). Allocates only what the file holds, not ``max_bytes``."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        want = min(os.fstat(fd).st_size, max_bytes) + 1
+        chunks, got = [], 0
+        while got < want:
+            piece = os.read(fd, min(want - got, 64 * 1024 * 1024))
+            if not piece:
+                break
+            chunks.append(piece)
+            got += len(piece)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """fsync a directory so that the names created or renamed in it are durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from rayguard.checkpoint import safejson
+from rayguard.checkpoint.fsio import read_bounded
 from rayguard.checkpoint.hashing import CHUNK_SIZE_BYTES, HASH_SCHEME
 from rayguard.exceptions import CheckpointCorruptError
 
@@ -216,8 +217,7 @@ def read_manifest(checkpoint_dir: Path) -> Manifest:
     """Read and validate ``checkpoint_dir``'s manifest (raises CheckpointCorruptError)."""
     path = Path(checkpoint_dir) / MANIFEST_NAME
     try:
-        with open(path, "rb") as stream:
-            text = stream.read(MAX_MANIFEST_BYTES + 1)
+        text = read_bounded(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise CheckpointCorruptError(
             f"{checkpoint_dir}: no {MANIFEST_NAME}; the save never committed (crash or disk "

@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any
 
+from rayguard.checkpoint.fsio import read_bounded
 from rayguard.exceptions import CheckpointCorruptError
 
 MAX_DEPTH = 64
@@ -87,8 +88,7 @@ def read_file(path: str | os.PathLike[str], where: str, *, max_bytes: int,
     ``FileNotFoundError`` propagates (the caller knows what a missing file means); any other
     OS error is a CheckpointCorruptError."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        data = read_bounded(path, max_bytes)
     except FileNotFoundError:
         raise
     except OSError as exc:
