@@ -129,3 +129,19 @@ def test_rejection_reader(tmp_path_factory, data):
     (root / rejections.REJECTIONS_FILENAME).write_bytes(data)
     found = rejections.rejected(root)
     assert all(isinstance(v, str) for v in found.values())
+
+
+@FUZZ
+@given(data=st.binary(max_size=400), flip=st.integers(0, 10_000))
+def test_memory_tier_copy_reader(sample, data, flip):
+    from rayguard.checkpoint.memory import load_snapshot
+
+    manifest = parse_manifest(json.dumps(sample[0]), "fuzz")
+    name = manifest.files[0].path
+    shard = bytearray(sample[1])
+    shard[flip % len(shard)] ^= 0xFF
+    for files in ({name: data}, {name: bytes(shard)}, [name], {name: 3}, {0: data}):
+        try:
+            load_snapshot(files, manifest, 0, "fuzz")
+        except CheckpointCorruptError:
+            pass
