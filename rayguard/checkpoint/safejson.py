@@ -1,7 +1,8 @@
 """JSON from files that come from elsewhere: bounded, finite, of the expected shape.
 
 Every JSON document rayguard reads back from a run directory (a manifest, a shard header,
-the rejection list) goes through :func:`loads`: any bytes give either a value or one
+the rejection list) goes through :func:`loads` (the package's one parser,
+:mod:`rayguard.safejson`, with the file named in the error): any bytes give either a value or one
 :class:`~rayguard.exceptions.CheckpointCorruptError` naming the file and what is wrong,
 never another exception. The document's size and nesting depth are bounded, ``NaN`` and
 ``Infinity`` (and numbers that overflow to them, such as ``1e999``) are refused, and the
@@ -11,11 +12,11 @@ bounds, so a value such as ``"step": 1e999`` is a rejection, not an ``OverflowEr
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
 
+from rayguard import safejson as _safejson
 from rayguard.checkpoint.fsio import read_bounded
 from rayguard.exceptions import CheckpointCorruptError
 
@@ -25,60 +26,34 @@ the parsed value is safe."""
 INT64_MAX = 2**63 - 1
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} is out of range (not a finite float)")
-    return value
-
-
-def _constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
-
-
 def depth(value: Any, limit: int) -> int:
     """Nesting depth of ``value`` (iterative), stopping early past ``limit``."""
     deepest, stack = 0, [(value, 1)]
     while stack:
-        node, depth = stack.pop()
+        node, level = stack.pop()
         if isinstance(node, dict):
             children: Any = node.values()
         elif isinstance(node, list):
             children = node
         else:
             continue
-        deepest = max(deepest, depth)
+        deepest = max(deepest, level)
         if deepest > limit:
             return deepest
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, level + 1) for child in children)
     return deepest
 
 
 def loads(data: str | bytes | bytearray | memoryview, where: str, *, max_bytes: int,
           max_depth: int = MAX_DEPTH, top: type | tuple[type, ...] = dict) -> Any:
     """Parse ``data`` as JSON of at most ``max_bytes`` bytes and ``max_depth`` levels whose
-    top-level value is a ``top``; raises CheckpointCorruptError (naming ``where``) otherwise."""
-
-    def bad(what: str) -> CheckpointCorruptError:
-        return CheckpointCorruptError(f"{where}: {what}; the file is corrupt or was not written "
-                                      "by rayguard")
-
-    size = len(data) if isinstance(data, (str, bytes, bytearray)) else data.nbytes
-    if size > max_bytes:
-        raise bad(f"{size} bytes of JSON is over the {max_bytes}-byte limit")
+    top-level value is a ``top`` (:func:`rayguard.safejson.loads`); raises
+    CheckpointCorruptError (naming ``where``) otherwise."""
     try:
-        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-        value = json.loads(text, parse_float=_finite, parse_constant=_constant)
-    except RecursionError:
-        raise bad(f"JSON nested deeper than {max_depth} levels") from None
-    except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError included
-        raise bad(f"not valid JSON ({str(exc)[:200]})") from None
-    if not isinstance(value, top):
-        names = top.__name__ if isinstance(top, type) else " or ".join(t.__name__ for t in top)
-        raise bad(f"top-level JSON value is a {type(value).__name__}, expected a {names}")
-    if depth(value, max_depth) > max_depth:
-        raise bad(f"JSON nested deeper than {max_depth} levels")
-    return value
+        return _safejson.loads(data, max_bytes=max_bytes, max_depth=max_depth, top=top)
+    except _safejson.UnsafeJSONError as exc:
+        raise CheckpointCorruptError(f"{where}: {exc}; the file is corrupt or was not written "
+                                     "by rayguard") from None
 
 
 def read_file(path: str | os.PathLike[str], where: str, *, max_bytes: int,
