@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -67,7 +68,13 @@ def append_events(path: Path, events: Iterable[dict[str, Any]]) -> None:
     each. Raises OSError; the caller decides whether a failed write matters."""
     text = "".join(json.dumps(json_safe(e), default=str, sort_keys=True) + "\n" for e in events)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
+    # a link planted at the log's name (a shared run directory) is refused, never written
+    # through; so is anything that is not a regular file
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+                 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file; not writing events into it")
         f.write(text)
         f.flush()
 

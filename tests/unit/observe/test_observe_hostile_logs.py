@@ -198,3 +198,19 @@ def test_a_nan_literal_from_an_older_writer_reads_as_the_string_written_today(tm
     events = read(tmp_path)
     assert [(e["kind"], e.get("value", e.get("mean"))) for e in events] == [
         ("nan_detected", "nan"), ("steps", "inf")]
+
+
+def test_a_link_planted_at_the_event_log_is_never_written_through(tmp_path):
+    from rayguard.events import EventLog, make_event
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rayguard_events.jsonl").symlink_to(victim)
+    EventLog(run / "rayguard_events.jsonl").append(make_event("start", "fit() started"))
+    assert victim.read_text() == "precious\n"
+    fifo = tmp_path / "run2" / "rayguard_events.jsonl"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    EventLog(fifo).append(make_event("start", "fit() started"))  # refused, does not block
