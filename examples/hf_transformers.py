@@ -73,6 +73,7 @@ def train_func(config):
         data_seed=0,  # the same data order on every rank: the sampler shards one permutation
         disable_tqdm=True,
         ddp_find_unused_parameters=False,
+        **config.get("training_args", {}),
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=CountingDataset(),
                                    callbacks=list(config.get("callbacks", [])))
