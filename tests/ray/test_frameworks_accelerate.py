@@ -79,11 +79,11 @@ def accelerate_loop(config):
 
 
 class Record:
-    def __init__(self, log: str) -> None:
-        self.log = log
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     def __call__(self, step, loss, rank):
-        common.record_step(self.log, step)
+        common.record_step(self.path, step)
         return loss
 
 

@@ -45,11 +45,11 @@ BATCHES = 8  # per epoch and rank: 256 samples, batch 16, 2 ranks
 class Recorder(pl.Callback):
     """Each completed step (Lightning's global_step), with rayguard's rank, attempt, pid."""
 
-    def __init__(self, log: str) -> None:
-        self.log = log
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        common.record_step(self.log, trainer.global_step)
+        common.record_step(self.path, trainer.global_step)
 
 
 class SlowSteps(pl.Callback):

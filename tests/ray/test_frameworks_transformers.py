@@ -45,11 +45,11 @@ STEPS, SAVE = 24, 4
 class Recorder(transformers.TrainerCallback):
     """Each completed step, with rayguard's rank, attempt and pid."""
 
-    def __init__(self, log: str) -> None:
-        self.log = log
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     def on_step_end(self, args, state, control, **kwargs):
-        common.record_step(self.log, state.global_step)
+        common.record_step(self.path, state.global_step)
 
 
 class SlowSteps(transformers.TrainerCallback):
