@@ -215,12 +215,13 @@ class RobustTrainer(GuardHooksTrainer):
         from rayguard.controller.failure_policy import STOP_REASON_KEY
 
         try:
-            stop, failures = ray.get([self._coordinator.get.remote(STOP_REASON_KEY),
-                                      self._coordinator.failures.remote()], timeout=30)
+            stop, failures, kills = ray.get([self._coordinator.get.remote(STOP_REASON_KEY),
+                                             self._coordinator.failures.remote(),
+                                             self._coordinator.kills.remote()], timeout=30)
         except Exception:
-            stop, failures = None, {}
+            stop, failures, kills = None, {}, {}
         records = failures.get(max(failures), []) if failures else []
-        lines = [f"[rank {rank}] {type(error).__name__}: {error}"
+        lines = [_worker_line(rank, error, kills.get(rank))
                  for rank, error in sorted(exc.worker_failures.items())]
         if stop:
             lines.append(f"rayguard: {stop['reason']}.")
@@ -272,6 +273,16 @@ class RobustTrainer(GuardHooksTrainer):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _worker_line(rank: int, error: BaseException, killed: dict[str, str] | None) -> str:
+    """One worker's line of the final error; a worker rayguard's watchdog killed says so
+    first (Ray's own text for a killed actor suggests the OOM killer)."""
+    line = f"[rank {rank}] {type(error).__name__}: {error}"
+    if not killed:
+        return line
+    return (f"[rank {rank}] killed by rayguard: {killed['bound']} bound ({killed['reason']}; "
+            f"see the stall_detected event). Ray's view: {line.split(': ', 1)[-1][:300]}")
 
 
 def _one_line(error: BaseException) -> str:

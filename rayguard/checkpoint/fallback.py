@@ -17,6 +17,7 @@ from typing import Any
 
 from rayguard.checkpoint.commit import STAGING_PREFIX
 from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.reported import REPORTED_SOURCE
 from rayguard.checkpoint.verify import Problem, VerifyReport, verify
 from rayguard.exceptions import CheckpointError
 
@@ -34,6 +35,9 @@ class Candidate:
     """The manifest's step; None when it has none or the manifest cannot be read."""
     mtime: float
     manifest_readable: bool = True
+    source: str | None = None
+    """The manifest's ``metadata["source"]``: ``"ray.train.report"`` for a directory a loop
+    reported (:mod:`rayguard.checkpoint.reported`), ``None`` for rayguard's own."""
 
 
 @dataclass(frozen=True)
@@ -86,21 +90,40 @@ def list_candidates(root: str | os.PathLike[str]) -> list[Candidate]:
         manifest = child / MANIFEST_NAME
         if not manifest.exists() and not child.name.startswith(CHECKPOINT_NAME_PREFIX):
             continue
-        step, readable = _peek_step(manifest)
+        step, readable, source = _peek(manifest)
         try:
             mtime = (manifest if manifest.exists() else child).stat().st_mtime
         except OSError:
             mtime = 0.0
-        out.append(Candidate(child, step, mtime, readable))
+        out.append(Candidate(child, step, mtime, readable, source))
     return out
 
 
-def _peek_step(manifest: Path) -> tuple[int | None, bool]:
+def candidates_of(root: str | os.PathLike[str], *, reported: bool = False) -> list[Candidate]:
+    """:func:`list_candidates` of one kind: rayguard's own checkpoints, or (``reported``) the
+    directories a loop gave to ``ray.train.report``."""
+    return [c for c in list_candidates(root) if _wanted(c, reported)]
+
+
+def _peek(manifest: Path) -> tuple[int | None, bool, str | None]:
+    """``(step, readable, source)`` of a manifest, read without verifying anything."""
     try:
-        step = json.loads(manifest.read_text(encoding="utf-8")).get("step")
-        return (int(step) if step is not None else None), True
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None, False
+        doc = json.loads(manifest.read_text(encoding="utf-8"))
+        step = doc.get("step")
+        metadata = doc.get("metadata")
+        source = metadata.get("source") if isinstance(metadata, dict) else None
+        return ((int(step) if step is not None else None), True,
+                source if isinstance(source, str) else None)
+    except (OSError, ValueError, TypeError, AttributeError, OverflowError):
+        return None, False, None
+
+
+def _wanted(cand: Candidate, reported: bool) -> bool:
+    """rayguard's own checkpoints (``reported=False``; a directory whose manifest cannot be
+    read is tried, and rejected, by both kinds of reader) or the ones a loop reported."""
+    if not cand.manifest_readable:
+        return True
+    return (cand.source == REPORTED_SOURCE) == reported
 
 
 def scan(
@@ -109,17 +132,19 @@ def scan(
     skip: Iterable[str | os.PathLike[str]] = (),
     ranks: Iterable[int] | None = None,
     threads: int | None = None,
+    reported: bool = False,
 ) -> ScanResult:
     """Verify checkpoints under ``root`` newest first; stop at the first that passes.
 
     ``skip`` are checkpoints rejected before (never tried again). Each rejection is logged as
     a warning naming the checkpoint, the file and the problem, and returned in ``rejected``.
-    ``ranks`` limits hashing to those ranks' files (see :func:`verify`).
+    ``ranks`` limits hashing to those ranks' files (see :func:`verify`). ``reported``: scan
+    the directories a loop gave to ``ray.train.report`` instead of rayguard's own.
     """
     skipped = {os.path.realpath(p) for p in skip}
     rank_list: Sequence[int] | None = None if ranks is None else list(ranks)
     rejected: list[Rejection] = []
-    for cand in order_candidates(list_candidates(root)):
+    for cand in order_candidates(candidates_of(root, reported=reported)):
         if os.path.realpath(cand.path) in skipped:
             continue
         report = verify(cand.path, ranks=rank_list, threads=threads)
@@ -171,7 +196,7 @@ def load_latest_valid(
     """
     skipped = {os.path.realpath(p) for p in skip}
     rejected: list[Rejection] = []
-    for cand in order_candidates(list_candidates(root)):
+    for cand in order_candidates(candidates_of(root)):
         if os.path.realpath(cand.path) in skipped:
             continue
         report = verify(cand.path, hashes=False)

@@ -84,6 +84,8 @@ class RemoteCandidate:
     path: str
     step: int | None
     mtime: float
+    source: str | None = None
+    """The manifest's ``metadata["source"]`` (``"ray.train.report"``: a loop's directory)."""
 
 
 def list_remote(root: str, fs: pafs.FileSystem) -> list[RemoteCandidate]:
@@ -97,15 +99,19 @@ def list_remote(root: str, fs: pafs.FileSystem) -> list[RemoteCandidate]:
         if info.type != pafs.FileType.Directory or not info.base_name.startswith(CHECKPOINT_PREFIX):
             continue
         manifest = fs.get_file_info(_join(info.path, MANIFEST_NAME))
-        step = None
+        step, source = None, None
         if manifest.type == pafs.FileType.File:
             try:
                 with fs.open_input_stream(manifest.path) as f:
-                    step = json.loads(f.read().decode("utf-8")).get("step")
-            except (OSError, ValueError):
+                    doc = json.loads(f.read().decode("utf-8"))
+                step = doc.get("step")
+                meta = doc.get("metadata")
+                source = meta.get("source") if isinstance(meta, dict) else None
+            except (OSError, ValueError, AttributeError):
                 step = None
         mtime = manifest.mtime.timestamp() if manifest.mtime else 0.0
-        out.append(RemoteCandidate(info.path, step if isinstance(step, int) else None, mtime))
+        out.append(RemoteCandidate(info.path, step if isinstance(step, int) else None, mtime,
+                                   source if isinstance(source, str) else None))
     return sorted(out, key=lambda c: (c.step is not None, c.step or 0, c.mtime), reverse=True)
 
 

@@ -56,6 +56,8 @@ class GuardFailurePolicy(DefaultFailurePolicy):
                            "cannot fix it")
                 return FailureDecision.RAISE
             loop = self._crash_loop(len(failures))
+            if loop is not None and self._reject_loaded(loop):
+                return super().make_decision(training_failed_error)
             if loop is not None:
                 self._stop("crash_loop", loop.rank, (
                     f"crash loop: {loop.summary} (raised at {loop.origin}) ended attempt "
@@ -77,6 +79,32 @@ class GuardFailurePolicy(DefaultFailurePolicy):
         except Exception as exc:  # no verdict: fall back to Ray's budget
             logger.warning("rayguard: crash-loop check unavailable: %s", exc)
             return None
+
+    def _reject_loaded(self, loop: Any) -> bool:
+        """A loop whose attempts all resumed from one checkpoint that verified: the loop
+        cannot load it (a framework's format error, a DCP load error). Reject it, so the
+        next attempt is offered the next older one; True when one was rejected."""
+        if self.coordinator is None:
+            return False
+        import ray
+
+        attempts = list(range(loop.attempt - self.crash_loop_retries, loop.attempt + 1))
+        try:
+            path = ray.get(self.coordinator.loaded_checkpoint.remote(attempts), timeout=30)
+            if not path:
+                return False
+            why = (f"{path}: attempts {attempts[0]}-{attempts[-1]} resumed from it and failed "
+                   f"the same way ({loop.summary} at {loop.origin}): the loop cannot load it")
+            ray.get([self.coordinator.reject_checkpoint.remote(path, why),
+                     self.coordinator.record.remote(make_event(
+                         "checkpoint_rejected", f"skipped {why}; the next attempt resumes "
+                         "from the next older checkpoint", rank=loop.rank, path=path,
+                         attempt=loop.attempt))], timeout=30)
+        except Exception as exc:
+            logger.warning("rayguard: could not reject the checkpoint of a crash loop: %s", exc)
+            return False
+        logger.info("rayguard: %s", why)
+        return True
 
     def _stop(self, kind: str, rank: int, reason: str, **extra: Any) -> None:
         logger.info("rayguard: %s", reason)

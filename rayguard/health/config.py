@@ -42,7 +42,7 @@ class HealthConfig:
     an exception raised by the training function is never retried (deaths and hangs still
     are)."""
 
-    watch_metrics: tuple[str, ...] = ("loss",)
+    watch_metrics: tuple[str, ...] = ("loss", "train_loss", "eval_loss")
     """Reported metrics that must stay finite (NaN/inf triggers ``nan_policy``)."""
 
     nan_policy: NanPolicy = "restart"

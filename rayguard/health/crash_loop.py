@@ -8,15 +8,21 @@ later attempt made no durable progress (no checkpoint committed) or failed at th
 step: the next attempt would do exactly the same. ``crash_loop_retries`` such repeats are
 tolerated (one by default), then the run ends with the user's own exception.
 
-A worker that *died* (SIGKILL, OOM, node loss) leaves no record, and the errors its peers
-raise then are collateral (a closed connection in a collective): an attempt with a death
-in it is never judged a crash loop.
+A worker that *died* (SIGKILL, OOM, node loss, rayguard's watchdog) leaves no record, and
+the errors its peers raise then are collateral (a closed connection in a collective): an
+attempt with a death in it is never judged a crash loop, and an error that reads as a
+peer's loss (:func:`is_collateral`: connection reset, gloo/NCCL communication errors) never
+counts toward one, even when the death itself was not seen.
+
+Progress is any durable step: a checkpoint committed through ``rayguard.train.report`` or
+reported through ``ray.train.report`` (both are ``checkpoint_committed`` events), or a
+failure at a later step than before.
 """
 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -44,6 +50,26 @@ class FailureRecord:
         return (self.rank, self.error_type, self.origin)
 
 
+COLLATERAL_PATTERNS = (
+    "connection reset by peer", "connection closed by peer", "broken pipe",
+    "gloo/transport", "nccl error", "ncclremoteerror", "ncclsystemerror",
+    "socket timeout", "connection refused", "watchdog caught collective",
+)
+"""Lower-case fragments of an error that follows a peer's death rather than a bug of its own
+rank (the gloo and NCCL messages of a collective whose peer went away)."""
+
+COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError")
+"""torch.distributed's error types for a broken process group."""
+
+
+def is_collateral(record: FailureRecord) -> bool:
+    """Whether ``record`` reads as the consequence of a peer's loss (never a crash loop)."""
+    if record.error_type.endswith(COLLATERAL_TYPES):
+        return True
+    text = record.summary.lower()
+    return any(p in text for p in COLLATERAL_PATTERNS)
+
+
 def describe_exception(exc: BaseException) -> tuple[str, str, str]:
     """``(qualified type, origin frame, one-line summary)`` of an exception."""
     cls = type(exc)
@@ -62,17 +88,22 @@ def _same_failure(earlier: FailureRecord, later: FailureRecord) -> bool:
 
 
 def crash_loop(history: Mapping[int, Sequence[FailureRecord]], attempt: int, *,
-               failed_ranks: int, retries: int) -> FailureRecord | None:
+               failed_ranks: int, retries: int,
+               deaths: Collection[int] = ()) -> FailureRecord | None:
     """The record proving a crash loop at ``attempt``, or ``None`` (retry as usual).
 
     ``history``: failure records by attempt. ``failed_ranks``: how many ranks Ray reports
     as failed at ``attempt``; fewer records than that means a worker died (no loop).
-    ``retries``: identical failures tolerated before the loop is declared.
+    ``retries``: identical failures tolerated before the loop is declared. ``deaths``:
+    attempts in which a worker is known to have died (killed by rayguard's watchdog, an
+    injected kill): none of them is a loop.
     """
     current = list(history.get(attempt, ()))
-    if not current or len(current) < failed_ranks:
+    if not current or len(current) < failed_ranks or attempt in deaths:
         return None
     for record in current:
+        if is_collateral(record):
+            continue
         repeats, later = 0, record
         for earlier_attempt in range(attempt - 1, attempt - 1 - retries, -1):
             earlier = next((r for r in history.get(earlier_attempt, ())

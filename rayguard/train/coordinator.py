@@ -86,7 +86,38 @@ class RunCoordinator:
         """The record proving that the current attempt repeats a failure, or None."""
         with self._cond:
             history = {a: list(r) for a, r in self._failures.items()}
-        return crash_loop(history, self.attempt(), failed_ranks=failed_ranks, retries=retries)
+        return crash_loop(history, self.attempt(), failed_ranks=failed_ranks, retries=retries,
+                          deaths=self._deaths())
+
+    def _deaths(self) -> set[int]:
+        """Attempts in which a worker was killed: by rayguard's watchdog or an injected kill
+        (the worker left its cause before it went)."""
+        out = set()
+        for key, value in list(self._store.items()):
+            if key.startswith("cause:") and isinstance(value, str) and (
+                    value.startswith("killed by rayguard") or value == "injected kill"):
+                out.add(int(key.split(":")[1]))
+        return out
+
+    def kills(self) -> dict[int, dict[str, str]]:
+        """Ranks of the current attempt that rayguard's watchdog killed: ``{rank: {"bound",
+        "reason"}}`` (the driver's final error names them)."""
+        attempt, out = self.attempt(), {}
+        for key, value in list(self._store.items()):
+            parts = key.split(":")
+            if parts[0] == "killed" and len(parts) == 3 and parts[1] == str(attempt):
+                cause = str(self._store.get(f"cause:{attempt}:{parts[2]}", ""))
+                out[int(parts[2])] = {"bound": cause.rsplit(": ", 1)[-1] or "stall",
+                                      "reason": str(value)}
+        return out
+
+    def loaded_checkpoint(self, attempts: list[int]) -> str | None:
+        """The checkpoint every one of ``attempts`` resumed from (``None``: they differ, or
+        one started fresh)."""
+        paths = {self._store.get(f"loaded:{a}") for a in attempts}
+        if len(paths) != 1:
+            return None
+        return paths.pop()
 
     def failures(self) -> dict[int, list[FailureRecord]]:
         return {a: list(r) for a, r in self._failures.items()}

@@ -147,7 +147,7 @@ def choose(session: WorkerSession, skip: set[str]) -> str | None:
     import ray
 
     from rayguard import checkpoint as ck
-    from rayguard.checkpoint.fallback import list_candidates, order_candidates
+    from rayguard.checkpoint.fallback import candidates_of, order_candidates
 
     try:
         held = ray.get(session.coordinator.memory_committed.remote(), timeout=FETCH_TIMEOUT_S)
@@ -159,7 +159,7 @@ def choose(session: WorkerSession, skip: set[str]) -> str | None:
     import os
 
     skipped = {os.path.realpath(p) for p in skip}
-    newest = next((c for c in order_candidates(list_candidates(session.ctx.run_dir))
+    newest = next((c for c in order_candidates(candidates_of(session.ctx.run_dir))
                    if os.path.realpath(c.path) not in skipped), None)
     if newest is None or str(newest.path) != held:
         return None

@@ -91,6 +91,8 @@ class WorkerSession:
         """How ranks agree at each report (set-up replaces it: rayguard.train.agreement)."""
         self.preemption = Preemption(())
         """Preemption notices and ``should_checkpoint()`` (set-up adds the sources)."""
+        self.ray_bridge: Any = None
+        """Set-up's guard around ``ray.train.report`` (:mod:`rayguard.train.ray_report`)."""
         self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
                                metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
 
@@ -115,6 +117,59 @@ class WorkerSession:
         self.mark(f"cause:{self.ctx.attempt}:{self.ctx.rank}", f"injected {fault.kind}")
         self.record("fault_injected", f"injected {fault.kind} ({fault.key}; RAYGUARD_FAULTS or "
                     "GuardConfig(faults=))", step=self.last_step, wait=True, fault=fault.kind)
+
+    def raw_report(self, metrics: dict[str, Any], checkpoint: Any = None, **kwargs: Any) -> None:
+        """Ray's own ``ray.train.report`` (set-up puts rayguard in front of the public one:
+        :mod:`rayguard.train.ray_report`; what this session forwards is not observed twice)."""
+        if self.ray_bridge is not None:
+            self.ray_bridge.raw_report(metrics, checkpoint, **kwargs)
+            return
+        import ray.train
+
+        ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
+
+    def claim(self, key: str) -> bool:
+        """Whether this rank is the first of the run to ask for ``key``."""
+        return self._claim(key)
+
+    def put(self, key: str, value: Any) -> None:
+        """Leave a fact with the coordinator (fire-and-forget)."""
+        if self.coordinator is not None:
+            self.coordinator.put.remote(key, value)
+
+    def wait_for(self, key: str, timeout_s: float = 1800.0) -> Any:
+        """A fact another rank leaves with the coordinator, waited for (a wait is progress)."""
+        if self.coordinator is None:
+            return None
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = ray.get(self.coordinator.get.remote(key))
+            if value is not None:
+                return value
+            self.watchdog.heartbeat()
+            time.sleep(0.05)
+        raise RayGuardError(f"rank {self.ctx.rank}: no answer for {key!r} in {timeout_s} s")
+
+    def contribute(self, tag: str, value: Any) -> None:
+        """Join the gather ``tag`` without waiting for its result (a rank with nothing to
+        add where some peers may have something)."""
+        if self.coordinator is None or self.ctx.world_size == 1:
+            return
+        self.coordinator.gather.remote(f"a{self.ctx.attempt}:{tag}", self.ctx.rank,
+                                       self.ctx.world_size, value)
+
+    def wait_forwarded(self, future: Any) -> Any:
+        """Wait for a forwarded report (Ray's report may wait for the controller); a wait is
+        progress."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except FutureTimeout:
+                self.watchdog.heartbeat()
 
     def mark(self, key: str, value: Any) -> None:
         """Leave a fact with the coordinator, waited for (the controller reads it after this
@@ -245,15 +300,30 @@ class WorkerSession:
     def should_checkpoint(self) -> bool:
         return self.preemption.should_checkpoint()
 
-    def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
-               sharded: Any = None) -> None:
-        started = time.perf_counter()
+    def observe(self, metrics: dict[str, Any], *, step: int | None = None,
+                state: Any = None) -> tuple[dict[str, Any], int]:
+        """A report reached this rank (``rayguard.train.report`` or ``ray.train.report``): its
+        plain metrics and step; faults fire, NaN/inf raise, the watchdog sees a step."""
         metrics = {k: _plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)
         self._guard_finite(metrics, step)
         self.watchdog.step_completed()
         self.last_step = step
+        return metrics, step
+
+    def observed(self, metrics: dict[str, Any], step: int, seconds: float) -> None:
+        """A report was handled: the driver's progress line and the step timer."""
+        self._last_metrics = metrics
+        self._send_progress()
+        summary = self.timer.on_report(step, metrics, seconds)
+        if summary is not None:
+            self._send_summary(summary)
+
+    def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
+               sharded: Any = None) -> None:
+        started = time.perf_counter()
+        metrics, step = self.observe(metrics, step=step, state=state)
         self.report_count += 1
         checkpoint = None
         if self.async_checkpoints is not None:
@@ -276,16 +346,12 @@ class WorkerSession:
                 checkpoint = None if committed is None else committed.path
         if checkpoint is None:
             checkpoint, self._unforwarded = self._unforwarded, None
-        self.forwarder.submit(_forward, metrics, checkpoint, self.store.fs)
+        self.forwarder.submit(_forward, self.raw_report, metrics, checkpoint, self.store.fs)
         if self.preemption.after_report(flags, saved=flags.state or flags.sharded):
             from rayguard.train.preemption import on_answered
 
             on_answered(self, step, checkpoint)
-        self._last_metrics = metrics
-        self._send_progress()
-        summary = self.timer.on_report(step, metrics, time.perf_counter() - started)
-        if summary is not None:
-            self._send_summary(summary)
+        self.observed(metrics, step, time.perf_counter() - started)
 
     # -- asynchronous checkpoints (CheckpointConfig(mode="async")) ----------------------------
     def _collect_async(self, how: Any) -> float:
@@ -352,7 +418,8 @@ class WorkerSession:
             self._unforwarded = committed.path
         # every rank makes this one extra report (Ray Train's report is a collective)
         path, self._unforwarded = self._unforwarded, None
-        self.forwarder.submit(_forward, self._last_metrics or {}, path, self.store.fs)
+        self.forwarder.submit(_forward, self.raw_report, self._last_metrics or {}, path,
+                              self.store.fs)
 
     def settle(self) -> None:
         """The training function raised: give the checkpoint in flight (a healthy state, taken
@@ -377,6 +444,8 @@ class WorkerSession:
         restored = load_state(self.collective, self.store, sharded, load_count=self.load_count,
                               previous_rank=self.ctx.previous_rank, tier=self.memory_tier)
         self.watchdog.heartbeat()
+        if self.ctx.rank == 0:
+            self.put(f"loaded:{self.ctx.attempt}", None if restored is None else restored.path)
         if restored is None:
             return None
         if restored.step is not None:
@@ -406,6 +475,7 @@ class WorkerSession:
     def _on_stall(self, decision: Decision) -> None:
         """Runs in the watchdog thread: dump stacks, record, end this worker."""
         self.mark(f"cause:{self.ctx.attempt}:{self.ctx.rank}", f"killed by rayguard: {decision.check}")
+        self.mark(f"killed:{self.ctx.attempt}:{self.ctx.rank}", decision.reason)
         path = dump_stacks(self.ctx, local_run_dir=self.fs is None)
         detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
         try:
@@ -432,20 +502,17 @@ def _check_checkpointable(state: Any, rank: int) -> None:
             f"rank {rank}: report(state=...): {exc}") from None
 
 
-def _forward(metrics: dict[str, Any], path: str | None, fs: Any) -> None:
-    """Hand metrics, and the directory of a committed checkpoint, to ``ray.train.report``
-    (no upload: the checkpoint is already in the run directory)."""
-    import ray.train
-
+def _forward(report: Any, metrics: dict[str, Any], path: str | None, fs: Any) -> None:
+    """Hand metrics, and the directory of a committed checkpoint, to Ray's own report
+    (``report``; no upload: the checkpoint is already in the run directory)."""
     if path is None:
-        ray.train.report(metrics)
+        report(metrics)
         return
     from ray.train import Checkpoint, CheckpointUploadMode
 
     checkpoint = Checkpoint.from_directory(path) if fs is None else Checkpoint(path=path,
                                                                                filesystem=fs)
-    ray.train.report(metrics, checkpoint=checkpoint,
-                     checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+    report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
 
 def dump_stacks(ctx: GuardContext, *, local_run_dir: bool = True) -> str | None:

@@ -17,6 +17,7 @@ from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import WorkerSetupError
 from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
 from rayguard.testing.faults import parse_faults
+from rayguard.train import ray_report
 from rayguard.train.agreement import make_agreement
 from rayguard.train.context import GuardContext, set_context
 from rayguard.train.elastic_setup import apply_elastic, previous_assignment
@@ -151,19 +152,23 @@ class GuardedTrainFn:
     def __call__(self) -> Any:
         session = self._set_up()
         try:
-            result = self.inner()
-            session.finish()  # the checkpoint in flight commits (or raises) before fit() returns
-        except BaseException as exc:
-            session.settle()
+            try:
+                result = self.inner()
+                session.finish()  # the checkpoint in flight commits (or raises) first
+            except BaseException as exc:
+                session.settle()
+                set_active(False)
+                session.watchdog.stop()
+                session._flush_quietly(timeout_s=5)  # keep what was reported before the error
+                session.report_failure(exc)
+                raise
             set_active(False)
-            session.watchdog.stop()
-            session._flush_quietly(timeout_s=5)  # keep what was reported before the error
-            session.report_failure(exc)
-            raise
-        set_active(False)
-        session.close()
-        set_context(None)
-        return result
+            session.close()
+            set_context(None)
+            return result
+        finally:
+            if session.ray_bridge is not None:
+                ray_report.uninstall(session.ray_bridge)
 
     def _set_up(self) -> WorkerSession:
         import ray
@@ -199,6 +204,7 @@ class GuardedTrainFn:
         watch_preemption(session)
         set_context(ctx)
         _set_current_session(session)
+        session.ray_bridge = ray_report.install(session)  # every ray.train.report is guarded
         if ctx.rank == 0:
             session.record("attempt_started", f"attempt {attempt} started with {ctx.world_size} worker(s)",
                            world_size=ctx.world_size)

@@ -128,10 +128,10 @@ class LocalStore:
         cleanup_staging(self.root)
 
     def candidates(self, skip: set[str]) -> list[str]:
-        from rayguard.checkpoint.fallback import list_candidates, order_candidates
+        from rayguard.checkpoint.fallback import candidates_of, order_candidates
 
         skip = {os.path.realpath(p) for p in skip}
-        return [str(c.path) for c in order_candidates(list_candidates(self.root))
+        return [str(c.path) for c in order_candidates(candidates_of(self.root))
                 if os.path.realpath(c.path) not in skip]
 
     def choose(self, skip: set[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -215,8 +215,10 @@ class RemoteStore:
 
     def candidates(self, skip: set[str]) -> list[str]:
         from rayguard.checkpoint.remote import list_remote
+        from rayguard.checkpoint.reported import REPORTED_SOURCE
 
-        return [c.path for c in list_remote(self.root, self.fs) if c.path not in skip]
+        return [c.path for c in list_remote(self.root, self.fs)
+                if c.path not in skip and c.source != REPORTED_SOURCE]
 
     def choose(self, skip: set[str]) -> tuple[str | None, list[tuple[str, str]]]:
         from rayguard.checkpoint.verify import verify

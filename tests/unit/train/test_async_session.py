@@ -24,7 +24,7 @@ from rayguard.train.store import LocalStore
 @pytest.fixture
 def forwarded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict, str | None]]:
     calls: list[tuple[dict, str | None]] = []
-    monkeypatch.setattr(session_mod, "_forward", lambda m, path, fs: calls.append((m, path)))
+    monkeypatch.setattr(session_mod, "_forward", lambda report, m, path, fs: calls.append((m, path)))
     return calls
 
 

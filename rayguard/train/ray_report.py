@@ -1,0 +1,301 @@
+"""Every ``ray.train.report`` in a RobustTrainer worker is guarded, whoever calls it.
+
+Loops written for Ray Train (and the Ray callbacks of Transformers, Lightning, and Accelerate
+loops) report through ``ray.train.report(metrics, checkpoint=...)`` and resume from
+``ray.train.get_checkpoint()``. Set-up puts :class:`GuardedTrainFnUtils` in front of Ray's own
+per-worker object (through :mod:`rayguard._ray.report`), so that:
+
+* **every report is progress**: a completed step for the watchdog (start-up bound until the
+  first, stall bound after), the step timer, the driver's progress line and
+  ``RobustTrainer.last_metrics``, exactly as ``rayguard.train.report``; the step is the
+  report's ``step``/``global_step``/``training_iteration`` metric, else one past the last;
+* **every report is checked**: ``HealthConfig.watch_metrics`` are checked for NaN/inf before
+  Ray sees the report (``nan_detected``, then a restart or the end of the run by
+  ``nan_policy``); injected faults fire at these reports too;
+* **every checkpoint is sealed**: each reporting rank hashes its directory, the records meet
+  at the run's coordinator, and the lowest reporting rank writes rayguard's manifest into its
+  directory before Ray persists it (:mod:`rayguard.checkpoint.reported`). With
+  ``checkpoint_upload_mode=ASYNC`` the hashing runs in Ray's upload thread, off the loop;
+* **every resume is verified**: ``ray.train.get_checkpoint()`` returns the newest reported
+  checkpoint that verifies; damaged ones are rejected (``checkpoint_rejected``,
+  ``rayguard_rejected.json``) and never offered again. One rank chooses per attempt, the
+  others wait for its answer.
+
+``rayguard.train.report`` forwards through Ray's own report (:meth:`RayReportBridge.raw_report`),
+so nothing is counted twice, and a loop's own ``ray.train.report`` goes through the same
+forwarding thread, in order: mixing both in one loop keeps every rank's Ray reports in the
+same sequence (Ray's report is a collective).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from rayguard._ray.report import (
+    CheckpointUploadMode,
+    current_train_fn_utils,
+    default_upload,
+    install_train_fn_utils,
+)
+
+if TYPE_CHECKING:
+    from rayguard.train.session import WorkerSession
+
+logger = logging.getLogger("rayguard")
+
+STEP_KEYS = ("step", "global_step", "training_iteration")
+"""Metrics read as a report's step, first found wins (Transformers and Lightning report
+``step``; Ray Tune style loops ``training_iteration``)."""
+
+CHOSEN_KEY = "ray-chosen:{attempt}"
+LOADED_KEY = "loaded:{attempt}"
+"""Coordinator key: the checkpoint an attempt resumed from (the crash-loop rule reads it)."""
+
+_UNSET = object()
+
+
+def report_step(metrics: dict[str, Any], last_step: int) -> int:
+    """The step of a ``ray.train.report``: a step-like metric, else one past the last."""
+    for key in STEP_KEYS:
+        value = metrics.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return last_step + 1
+
+
+def local_directory(checkpoint: Any) -> str | None:
+    """The local directory of a reported ``ray.train.Checkpoint`` (``None``: it lives on a
+    remote filesystem, and rayguard leaves it as it is)."""
+    if checkpoint is None:
+        return None
+    from rayguard.checkpoint.remote import is_local
+
+    path = getattr(checkpoint, "path", None)
+    if not isinstance(path, str) or not is_local(getattr(checkpoint, "filesystem", None)):
+        return None
+    return path if os.path.isdir(path) else None
+
+
+class RayReportBridge:
+    """What rayguard does around one worker's ``ray.train.report``/``get_checkpoint``."""
+
+    def __init__(self, session: WorkerSession, inner: Any) -> None:
+        self.session = session
+        self.inner = inner
+        """Ray's own ``TrainFnUtils`` of this worker."""
+        self.count = 0
+        self._chosen: Any = _UNSET
+
+    # -- report -----------------------------------------------------------------------------
+    def raw_report(self, metrics: dict[str, Any], checkpoint: Any = None, **kwargs: Any) -> None:
+        """Ray's own report, not observed again (``rayguard.train.report`` forwards here)."""
+        self.inner.report(metrics, checkpoint, **kwargs)
+
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None,
+               checkpoint_dir_name: str | None = None,
+               checkpoint_upload_mode: Any = CheckpointUploadMode.SYNC,
+               delete_local_checkpoint_after_upload: bool | None = None,
+               checkpoint_upload_fn: Any = None, validation: Any = False) -> None:
+        session = self.session
+        started = time.perf_counter()
+        observed, step = session.observe(metrics, step=report_step(metrics, session.last_step))
+        self.count += 1
+        tag = f"ray-report{self.count}"
+        directory = local_directory(checkpoint)
+        if directory is None:
+            session.contribute(tag, None)
+        elif checkpoint_upload_mode == CheckpointUploadMode.NO_UPLOAD:
+            self._seal(tag, directory, step, in_loop=True)
+        else:
+            checkpoint_upload_fn = self._sealing_upload(
+                tag, directory, step, checkpoint_upload_fn,
+                in_loop=checkpoint_upload_mode != CheckpointUploadMode.ASYNC)
+        future = session.forwarder.submit(
+            self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
+            delete_local_checkpoint_after_upload, checkpoint_upload_fn, validation)
+        session.wait_forwarded(future)
+        if directory is not None and checkpoint_upload_mode == CheckpointUploadMode.NO_UPLOAD:
+            self._persisted(step, checkpoint.path)
+        session.observed(observed, step, time.perf_counter() - started)
+
+    def _sealing_upload(self, tag: str, directory: str, step: int, user_upload: Any, *,
+                        in_loop: bool) -> Any:
+        def upload(checkpoint: Any, checkpoint_dir_name: str) -> Any:
+            self._seal(tag, directory, step, in_loop=in_loop)
+            if user_upload is not None:
+                persisted = user_upload(checkpoint, checkpoint_dir_name)
+            else:
+                persisted = default_upload(checkpoint, checkpoint_dir_name)
+            self._persisted(step, getattr(persisted, "path", None))
+            return persisted
+
+        return upload
+
+    def _seal(self, tag: str, directory: str, step: int, *, in_loop: bool) -> None:
+        """Hash this rank's directory; the lowest reporting rank writes the manifest."""
+        from rayguard.checkpoint import reported
+
+        session = self.session
+        rank = session.ctx.rank
+        record = reported.hash_directory(directory, rank)
+        records = session.gather(tag, record, feed_watchdog=in_loop)
+        self._writer = reported.writer_rank(records) == rank
+        if self._writer:
+            reported.seal(directory, records, world_size=session.ctx.world_size, step=step,
+                          metadata={"attempt": session.ctx.attempt,
+                                    "reported_by": [r.rank for r in records if r is not None]})
+        else:
+            reported.drop_stale_manifest(directory)
+
+    def _persisted(self, step: int, path: str | None) -> None:
+        if not getattr(self, "_writer", False):
+            return
+        self._writer = False
+        name = os.path.basename(str(path).rstrip("/")) if path else "?"
+        self.session.record("checkpoint_committed", f"checkpoint {name} reported through "
+                            "ray.train.report, sealed with a manifest", step=step, path=path,
+                            source="ray.train.report")
+
+    # -- get_checkpoint ---------------------------------------------------------------------
+    def get_checkpoint(self) -> Any:
+        """The newest reported checkpoint that verifies (``None``: a fresh start)."""
+        if self._chosen is _UNSET:
+            latest = self.inner.get_checkpoint()
+            self._chosen = None if latest is None else self._agreed_choice(latest)
+        return self._chosen
+
+    def _agreed_choice(self, latest: Any) -> Any:
+        session = self.session
+        key = CHOSEN_KEY.format(attempt=session.ctx.attempt)
+        if session.claim(f"choose-{key}"):
+            path = self._choose(latest)
+            session.put(key, path or "")
+        else:
+            path = session.wait_for(key) or None
+        if path is None:
+            return None
+        if os.path.realpath(path) == os.path.realpath(str(latest.path)):
+            return latest
+        from ray.train import Checkpoint
+
+        return Checkpoint(path=path, filesystem=latest.filesystem)
+
+    def _choose(self, latest: Any) -> str | None:
+        """This attempt's choice, made by one rank: the newest that verifies, newer ones that
+        do not are rejected and remembered."""
+        from rayguard.train import protocol
+
+        session = self.session
+        collective = session.collective
+        store = session.store
+        skip = protocol.rejected(collective, store)
+        for path, why in collective.shared_rejections().items():
+            if path not in store.rejected():
+                store.remember_rejection(path, why)
+        chosen = None
+        order = candidates(store, str(latest.path))
+        for path in order:
+            if path in skip:
+                continue
+            problems, step, unverified = verify_reported(store, path)
+            if problems:
+                protocol.reject(collective, store, path, f"{path}: {problems}")
+                continue
+            chosen = path
+            fallback = path != order[0]
+            note = " (no manifest: reported before rayguard guarded it; not verified)" \
+                if unverified else ""
+            session.record("restored", f"ray.train.get_checkpoint() offers "
+                           f"{os.path.basename(path.rstrip('/'))} (step {step}){note}",
+                           step=step, path=path, fallback=fallback, source="ray.train.report",
+                           verified=not unverified)
+            if unverified:
+                logger.warning("rayguard: %s has no rayguard manifest; offered unverified", path)
+            break
+        session.put(LOADED_KEY.format(attempt=session.ctx.attempt), chosen)
+        if chosen is None:
+            session.record("restored", "ray.train.get_checkpoint() offers nothing: no "
+                           "reported checkpoint verifies; the loop starts fresh",
+                           source="ray.train.report", fallback=True)
+        return chosen
+
+
+def candidates(store: Any, latest: str) -> list[str]:
+    """Where ``get_checkpoint()`` looks, newest first: Ray's latest checkpoint, then the
+    older reported checkpoints of the run directory (newer ones Ray never registered, a
+    worker having died before every rank reported, are not offered)."""
+    from rayguard.checkpoint.fallback import candidates_of, order_candidates
+
+    if store.fs is not None:
+        from rayguard.checkpoint.remote import list_remote
+        from rayguard.checkpoint.reported import REPORTED_SOURCE
+
+        paths = [c.path for c in list_remote(store.root, store.fs) if c.source == REPORTED_SOURCE]
+    else:
+        paths = [str(c.path) for c in order_candidates(candidates_of(store.root, reported=True))]
+    real = [os.path.realpath(p) if store.fs is None else p for p in paths]
+    mine = os.path.realpath(latest) if store.fs is None else latest
+    older = paths[real.index(mine) + 1:] if mine in real else []
+    return [latest, *older]
+
+
+def verify_reported(store: Any, path: str) -> tuple[str, int | None, bool]:
+    """``(problems, step, unverified)`` of a reported checkpoint: ``problems`` empty when it
+    verifies; ``unverified`` when it has no manifest at all (reported before rayguard
+    guarded the loop, or from a remote directory rayguard cannot seal)."""
+    from pathlib import Path
+
+    from rayguard.checkpoint.manifest import MANIFEST_NAME
+    from rayguard.checkpoint.verify import verify
+    from rayguard.exceptions import CheckpointCorruptError
+
+    def check(local: str) -> tuple[str, int | None, bool]:
+        if not (Path(local) / MANIFEST_NAME).exists():
+            return "", None, True
+        report = verify(local)
+        problems = "; ".join(f"{p.file}: {p.what}" for p in report.problems)
+        return problems, (report.manifest.step if report.manifest else None), False
+
+    if store.fs is None:
+        return check(path)
+    from rayguard.checkpoint.remote import _join
+
+    try:
+        if store.fs.get_file_info(_join(path, MANIFEST_NAME)).type.name != "File":
+            return "", None, True
+        with store.materialize(path) as local:
+            return check(local)
+    except (CheckpointCorruptError, OSError) as exc:
+        return str(exc), None, False
+
+
+class GuardedTrainFnUtils:
+    """Ray's per-worker ``TrainFnUtils`` with rayguard in front of ``report`` and
+    ``get_checkpoint``; every other call goes to Ray's object unchanged."""
+
+    def __init__(self, bridge: RayReportBridge) -> None:
+        self._bridge = bridge
+
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None, *args: Any,
+               **kwargs: Any) -> None:
+        self._bridge.report(metrics, checkpoint, *args, **kwargs)
+
+    def get_checkpoint(self) -> Any:
+        return self._bridge.get_checkpoint()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bridge.inner, name)
+
+
+def install(session: WorkerSession) -> RayReportBridge:
+    """Put rayguard in front of this worker's ``ray.train.report``; returns the bridge."""
+    bridge = RayReportBridge(session, current_train_fn_utils())
+    install_train_fn_utils(GuardedTrainFnUtils(bridge))
+    return bridge
+
+
+def uninstall(bridge: RayReportBridge) -> None:
+    install_train_fn_utils(bridge.inner)

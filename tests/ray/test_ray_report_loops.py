@@ -1,0 +1,266 @@
+"""A loop written for Ray Train (``ray.train.report(metrics, checkpoint=...)``, resume from
+``ray.train.get_checkpoint()``) is guarded under RobustTrainer with no change: progress,
+NaN, verified checkpoints, crash loops. Real runs on the shared local cluster, 2 workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+
+import pytest
+import torch
+from ray.train import Checkpoint
+from ray.train.v2.api.exceptions import WorkerGroupError
+
+import rayguard
+from rayguard.events import read as read_events
+from rayguard.testing.recorder import make_trainer
+
+STEPS = 12
+
+
+def _once(marker_dir: str, name: str) -> bool:
+    """True the first time it is called for ``name`` (a marker file makes it once per test)."""
+    path = os.path.join(marker_dir, name)
+    if os.path.exists(path):
+        return False
+    with open(path, "w"):
+        pass
+    return True
+
+
+def ray_loop(config):
+    """As Ray's docs write it: rank 0 saves and reports a checkpoint every 2 steps; every
+    rank resumes from ray.train.get_checkpoint()."""
+    import ray.train
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    weights = torch.zeros(4)
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            saved = torch.load(os.path.join(d, "model.pt"))
+            weights, start = saved["weights"], saved["step"] + 1
+        with open(os.path.join(config["marker_dir"], f"resumed-{rank}-{start}"), "w"):
+            pass
+    for step in range(start, STEPS):
+        time.sleep(config.get("sleep_s", 0.0))
+        weights = weights + step * 0.5  # the same update on every rank, from the step alone
+        loss = float("nan") if (config.get("nan_at") == step and rank == 0
+                                and _once(config["marker_dir"], "nan")) else 1.0 / (step + 1)
+        if config.get("kill_at") == step and rank == 1 and _once(config["marker_dir"], "kill"):
+            if config.get("corrupt"):  # damage the newest persisted checkpoint first
+                run_dir = config["run_dir"]
+                newest = max((p for p in os.listdir(run_dir) if p.startswith("checkpoint_")
+                              and os.path.isdir(os.path.join(run_dir, p))),
+                             key=lambda p: os.path.getmtime(os.path.join(run_dir, p)))
+                with open(os.path.join(run_dir, newest, "model.pt"), "r+b") as f:
+                    f.truncate(10)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if config.get("raise_at") and step in config["raise_at"] and rank == 0 and _once(
+                config["marker_dir"], f"raise{step}"):
+            raise ValueError("my bug at this step")
+        metrics = {"loss": loss, "step": step}
+        if step % 2 == 1 and rank == 0:
+            with tempfile.TemporaryDirectory() as d:
+                torch.save({"weights": weights, "step": step}, os.path.join(d, "model.pt"))
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+        else:
+            ray.train.report(metrics)
+    with open(os.path.join(config["marker_dir"], f"final-{rank}.json"), "w") as f:
+        json.dump(weights.tolist(), f)
+
+
+def expected_weights() -> list[float]:
+    w = torch.zeros(4)
+    for step in range(STEPS):
+        w = w + step * 0.5
+    return w.tolist()
+
+
+def _run(tmp_path, name, guard=None, **config):
+    marker = tmp_path / f"{name}-markers"
+    marker.mkdir()
+    trainer = make_trainer(ray_loop, tmp_path, name=name, guard=guard,
+                           config={"marker_dir": str(marker), "run_dir": str(tmp_path / name),
+                                   **config})
+    return trainer, marker
+
+
+def _kinds(run_dir):
+    return [e["kind"] for e in read_events(run_dir)]
+
+
+def _final(marker):
+    return [json.loads((marker / f"final-{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_healthy_ray_report_loop_longer_than_both_bounds_is_never_killed(ray_local, tmp_path):
+    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(startup_timeout_s=4,
+                                                              stall_timeout_s=4))
+    trainer, marker = _run(tmp_path, "healthy", guard, sleep_s=0.6)  # ~7 s of steps
+    result = trainer.fit()
+    kinds = _kinds(trainer.run_dir)
+    assert result.error is None
+    assert "stall_detected" not in kinds and "restart" not in kinds, kinds
+    assert trainer.last_metrics["step"] == STEPS - 1
+    assert _final(marker) == [expected_weights()] * 2
+    committed = [e for e in read_events(trainer.run_dir) if e["kind"] == "checkpoint_committed"]
+    assert [e["step"] for e in committed] == [1, 3, 5, 7, 9, 11]
+    assert all(e.get("source") == "ray.train.report" for e in committed)
+    # each checkpoint Ray persisted carries rayguard's manifest and verifies
+    report = rayguard.checkpoint.verify(result.checkpoint.path)
+    assert report.ok and report.manifest.step == 11, report.describe()
+
+
+def test_a_killed_worker_resumes_from_the_newest_checkpoint_with_the_same_weights(ray_local,
+                                                                                  tmp_path):
+    # 0.3 s steps: Ray's controller (50 ms poll) has the step-5 checkpoint before the kill
+    trainer, marker = _run(tmp_path, "kill", kill_at=6, sleep_s=0.3)
+    result = trainer.fit()
+    assert result.error is None
+    assert (marker / "resumed-1-6").exists()  # newest checkpoint: step 5
+    assert _final(marker) == [expected_weights()] * 2
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(ray_local, tmp_path):
+    trainer, marker = _run(tmp_path, "corrupt", kill_at=6, corrupt=True, sleep_s=0.3)
+    result = trainer.fit()
+    assert result.error is None
+    events = read_events(trainer.run_dir)
+    rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
+    assert len(rejected) == 1 and "model.pt" in rejected[0]["detail"], rejected
+    assert (marker / "resumed-0-4").exists() and (marker / "resumed-1-4").exists()
+    assert not (marker / "resumed-0-6").exists()
+    on_disk = json.loads((tmp_path / "corrupt" / "rayguard_rejected.json").read_text())
+    assert list(on_disk) == [os.path.basename(rejected[0]["path"])]
+    assert _final(marker) == [expected_weights()] * 2
+
+
+def test_a_nan_reported_through_ray_train_report_rolls_back(ray_local, tmp_path):
+    trainer, marker = _run(tmp_path, "nan", nan_at=6)
+    result = trainer.fit()
+    assert result.error is None
+    kinds = _kinds(trainer.run_dir)
+    assert "nan_detected" in kinds and "restart" in kinds, kinds
+    assert (marker / "resumed-0-6").exists()  # rolled back to the step-5 checkpoint
+    assert _final(marker) == [expected_weights()] * 2
+    died = [e for e in read_events(trainer.run_dir) if e["kind"] == "worker_died"]
+    assert any(e["cause"] == "nan" for e in died), died
+
+
+def test_a_nan_with_policy_fail_ends_the_run_with_rayguards_message(ray_local, tmp_path):
+    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(nan_policy="fail"))
+    trainer, _ = _run(tmp_path, "nanfail", guard, nan_at=4)
+    with pytest.raises(WorkerGroupError, match="metric 'loss' is nan at step 4"):
+        trainer.fit()
+    assert "restart" not in _kinds(trainer.run_dir)
+
+
+def test_the_same_error_at_a_later_step_after_a_resume_is_retried_not_a_crash_loop(ray_local,
+                                                                                   tmp_path):
+    trainer, marker = _run(tmp_path, "progress", raise_at=[2, 6])
+    result = trainer.fit()
+    assert result.error is None
+    kinds = _kinds(trainer.run_dir)
+    assert kinds.count("restart") == 2 and "crash_loop" not in kinds, kinds
+    assert _final(marker) == [expected_weights()] * 2
+
+
+def test_the_final_error_names_rayguards_kill(ray_local, tmp_path):
+    def silent_loop(config):
+        time.sleep(60)  # never reports: the start-up bound ends it
+
+    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(startup_timeout_s=3,
+                                                              max_restarts=0))
+    trainer = make_trainer(silent_loop, tmp_path, name="silent", guard=guard)
+    with pytest.raises(WorkerGroupError) as info:
+        trainer.fit()
+    message = str(info.value)
+    assert "killed by rayguard: startup bound" in message, message
+    assert "see the stall_detected event" in message
+
+
+def unloadable_loop(config):
+    """The newest checkpoint verifies but the loop cannot load it (written in a format the
+    loop no longer reads): after the crash-loop repeat it is rejected, the older one used."""
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            with open(os.path.join(d, "state.json")) as f:
+                saved = json.load(f)
+            if saved.get("format") != 1:
+                raise ValueError("unknown checkpoint format")
+            start = saved["step"] + 1
+        with open(os.path.join(config["marker_dir"], f"resumed-{rank}-{start}"), "w"):
+            pass
+    for step in range(start, 6):
+        metrics = {"loss": 1.0, "step": step}
+        if rank == 0 and step in (1, 3):
+            with tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "state.json"), "w") as f:
+                    json.dump({"step": step, "format": 1 if step == 1 else 2}, f)
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+        else:
+            ray.train.report(metrics)
+        if step == 4 and rank == 1 and _once(config["marker_dir"], "kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_verified_checkpoint_the_loop_cannot_load_is_rejected_after_the_repeat(ray_local,
+                                                                                 tmp_path):
+    marker = tmp_path / "markers"
+    marker.mkdir()
+    trainer = make_trainer(unloadable_loop, tmp_path, name="unloadable",
+                           config={"marker_dir": str(marker)})
+    result = trainer.fit()
+    assert result.error is None
+    events = read_events(trainer.run_dir)
+    rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
+    assert len(rejected) == 1 and "cannot load it" in rejected[0]["detail"], rejected
+    assert (marker / "resumed-0-2").exists()  # the step-1 checkpoint, after the step-3 one
+    assert "crash_loop" not in [e["kind"] for e in events]
+
+
+def mixed_loop(config):
+    """rayguard.train.report(state=) for exact resume beside a framework-style
+    ray.train.report(checkpoint=) on every rank."""
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    state = rayguard.train.load_state()
+    start = 0 if state is None else state["step"] + 1
+    for step in range(start, 8):
+        rayguard.train.report({"loss": 1.0, "step": step},
+                              state={"step": step} if step % 3 == 2 else None)
+        if step % 2 == 1:
+            with tempfile.TemporaryDirectory() as d:
+                if rank == 0:
+                    with open(os.path.join(d, "weights.txt"), "w") as f:
+                        f.write(str(step))
+                ray.train.report({"loss": 1.0, "step": step},
+                                 checkpoint=Checkpoint.from_directory(d))
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+
+def test_mixing_rayguard_and_ray_reports_runs_to_the_end(ray_local, tmp_path):
+    trainer = make_trainer(mixed_loop, tmp_path, name="mixed")
+    result = trainer.fit()
+    assert result.error is None
+    events = read_events(trainer.run_dir)
+    committed = [e for e in events if e["kind"] == "checkpoint_committed"]
+    sources = sorted((e.get("source") or "rayguard", e["step"]) for e in committed)
+    assert sources == [("ray.train.report", 1), ("ray.train.report", 3),
+                       ("ray.train.report", 5), ("ray.train.report", 7),
+                       ("rayguard", 2), ("rayguard", 5)], sources
+    assert trainer.last_metrics["step"] == 7
