@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -64,13 +65,38 @@ def flip_byte(path: str) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
-def corrupt_newest(run_dir: str, relpath: str, note: str) -> str:
-    """Flip a byte of ``relpath`` in the newest checkpoint of ``run_dir``; write that
-    checkpoint's path to ``note`` (for the test to name it) and return it."""
+def wait_registered(run_dir: str, timeout_s: float = 120) -> str:
+    """Wait until Ray's controller has registered the run's newest checkpoint (its snapshot
+    names it) and return that checkpoint's path.
+
+    A kill before that loses the checkpoint by Ray's design: the controller collects each
+    worker's reports by polling it, so a report still queued in a process that dies is never
+    registered, and ``ray.train.get_checkpoint()`` offers only registered checkpoints. The
+    kills below wait for it, so which checkpoint a restart resumes from is not a race."""
     newest = checkpoint_dirs(run_dir)[-1]
-    flip_byte(os.path.join(newest, relpath))
-    Path(note).write_text(newest)
-    return newest
+    snapshot = Path(run_dir, "checkpoint_manager_snapshot.json")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
+            if latest and latest["checkpoint_dir_name"] == os.path.basename(newest):
+                return newest
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not written yet, or being replaced
+        time.sleep(0.05)
+    raise TimeoutError(f"Ray never registered {newest} (see {snapshot})")
+
+
+def kill_after_registered(run_dir: str, *, corrupt: str | None = None,
+                          note: str | None = None) -> None:
+    """SIGKILL this process once Ray has registered the newest checkpoint; with ``corrupt``
+    (a path inside a checkpoint), first flip a byte of that file in the newest checkpoint and
+    write the checkpoint's path to ``note`` (for the test to name it)."""
+    newest = wait_registered(run_dir)
+    if corrupt is not None:
+        flip_byte(os.path.join(newest, corrupt))
+        Path(note).write_text(newest)
+    kill_self()
 
 
 def events(run_dir: str) -> list[dict]:

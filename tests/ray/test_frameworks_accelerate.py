@@ -98,7 +98,8 @@ class Slow:
 
 class KillAt:
     """SIGKILL rank ``rank``'s own process at each step in ``steps`` (once each, marker
-    files); with ``corrupt``, first flip a byte of the run's newest checkpoint."""
+    files), once Ray has registered the newest checkpoint; where the value is True, first flip
+    a byte of that checkpoint."""
 
     def __init__(self, rank: int, steps: dict[int, bool], marker_dir: str, run_dir: str) -> None:
         self.rank, self.steps, self.marker_dir, self.run_dir = rank, steps, marker_dir, run_dir
@@ -106,10 +107,10 @@ class KillAt:
     def __call__(self, step, loss, rank):
         if (step in self.steps and rank == self.rank
                 and common.fire_once(os.path.join(self.marker_dir, f"kill-{step}"))):
-            if self.steps[step]:
-                common.corrupt_newest(self.run_dir, "model.safetensors",
-                                      os.path.join(self.marker_dir, "corrupted"))
-            common.kill_self()
+            corrupt = self.steps[step]
+            common.kill_after_registered(
+                self.run_dir, corrupt="model.safetensors" if corrupt else None,
+                note=os.path.join(self.marker_dir, "corrupted"))
         return loss
 
 

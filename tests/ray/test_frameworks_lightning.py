@@ -61,8 +61,9 @@ class SlowSteps(pl.Callback):
 
 
 class KillAt(pl.Callback):
-    """SIGKILL rank ``rank``'s own process at batch 3 of each epoch in ``epochs`` (once each,
-    marker files); with ``corrupt``, first flip a byte of the run's newest checkpoint."""
+    """SIGKILL rank ``rank``'s own process at batch 3 of each epoch in ``epochs`` (once each, marker
+    files), once Ray has registered the newest checkpoint; where the value is True, first flip
+    a byte of that checkpoint."""
 
     def __init__(self, rank: int, epochs: dict[int, bool], marker_dir: str, run_dir: str) -> None:
         self.rank, self.epochs, self.marker_dir, self.run_dir = rank, epochs, marker_dir, run_dir
@@ -71,10 +72,10 @@ class KillAt(pl.Callback):
         epoch = trainer.current_epoch
         if (epoch in self.epochs and batch_idx == 3 and trainer.global_rank == self.rank
                 and common.fire_once(os.path.join(self.marker_dir, f"kill-{epoch}"))):
-            if self.epochs[epoch]:
-                common.corrupt_newest(self.run_dir, CKPT_FILE,
-                                      os.path.join(self.marker_dir, "corrupted"))
-            common.kill_self()
+            corrupt = self.epochs[epoch]
+            common.kill_after_registered(
+                self.run_dir, corrupt=CKPT_FILE if corrupt else None,
+                note=os.path.join(self.marker_dir, "corrupted"))
 
 
 class NanOnce(example.Regression):

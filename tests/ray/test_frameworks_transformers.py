@@ -61,8 +61,9 @@ class SlowSteps(transformers.TrainerCallback):
 
 
 class KillAt(transformers.TrainerCallback):
-    """SIGKILL rank ``rank``'s own process at the end of each step in ``steps`` (once each,
-    marker files); with ``corrupt``, first flip a byte of the run's newest checkpoint."""
+    """SIGKILL rank ``rank``'s own process at the end of each step in ``steps`` (once each, marker
+    files), once Ray has registered the newest checkpoint; where the value is True, first flip
+    a byte of that checkpoint."""
 
     def __init__(self, rank: int, steps: dict[int, bool], marker_dir: str, run_dir: str) -> None:
         self.rank, self.steps, self.marker_dir, self.run_dir = rank, steps, marker_dir, run_dir
@@ -71,10 +72,10 @@ class KillAt(transformers.TrainerCallback):
         step = state.global_step
         if (step in self.steps and args.process_index == self.rank
                 and common.fire_once(os.path.join(self.marker_dir, f"kill-{step}"))):
-            if self.steps[step]:
-                common.corrupt_newest(self.run_dir, MODEL_FILE,
-                                      os.path.join(self.marker_dir, "corrupted"))
-            common.kill_self()
+            corrupt = self.steps[step]
+            common.kill_after_registered(
+                self.run_dir, corrupt=MODEL_FILE if corrupt else None,
+                note=os.path.join(self.marker_dir, "corrupted"))
 
 
 class NanOnce(transformers.GPT2LMHeadModel):
