@@ -5,7 +5,7 @@ rayguard.RobustTrainer: ``RayTrainReportCallback`` reports each Transformers che
 the loop names rayguard: every report is watched (progress, NaN/inf in ``loss``), every
 checkpoint gets a sha256 manifest, and a restart gets the newest checkpoint that verifies.
 
-    .venv/bin/python examples/hf_transformers.py [--storage-path DIR] [--max-steps N]
+    .venv/bin/python examples/hf_transformers.py [--storage-path DIR] [--max-steps N] [--faults SPEC]
 
 A tiny GPT-2 (2 layers, hidden size 32) built from a config, no download, on synthetic token
 sequences; 2 CPU workers (gloo). Ends by printing the run directory and what happened.
@@ -14,6 +14,7 @@ sequences; 2 CPU workers (gloo). Ends by printing the run directory and what hap
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import tempfile
 import time
@@ -26,6 +27,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 
 import rayguard
+from rayguard.events import read as read_events
 
 VOCAB, SEQ = 64, 16
 
@@ -93,6 +95,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--storage-path", default=os.path.expanduser("~/ray_results/rayguard-hf"))
     parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--faults", default=None,
+                        help='rayguard fault injection, e.g. "kill:rank=1,step=20" (SIGKILL '
+                             'rank 1 at its step-20 report: the run resumes from the checkpoint '
+                             'before)')
     args = parser.parse_args()
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
@@ -102,6 +108,7 @@ def main() -> None:
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=args.storage_path,
                              name=time.strftime("run-%Y%m%d-%H%M%S")),
+        guard_config=rayguard.GuardConfig(faults=args.faults),
     )
     result = trainer.fit()
     print(f"\nfinished: loss {result.metrics.get('loss')} at step {result.metrics.get('step')}")
@@ -111,7 +118,13 @@ def main() -> None:
         model = transformers.GPT2LMHeadModel.from_pretrained(
             os.path.join(d, RayTrainReportCallback.CHECKPOINT_NAME))
     print(f"loaded: {type(model).__name__}, {sum(p.numel() for p in model.parameters())} parameters")
-    print(f"what happened:   rayguard events {result.path}")
+    events = read_events(result.path)
+    sealed = sum(e["kind"] == "checkpoint_committed" for e in events)
+    notable = collections.Counter(e["kind"] for e in events if e["kind"] in (
+        "fault_injected", "stall_detected", "nan_detected", "checkpoint_rejected", "restart"))
+    print(f"what happened:   {sealed} checkpoints sealed with rayguard's manifest; "
+          + (", ".join(f"{k} x{n}" for k, n in notable.items()) or "no fault, no restart"))
+    print(f"the whole story: rayguard events {result.path}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ rayguard.RobustTrainer: ``RayDDPStrategy``, ``RayLightningEnvironment``,
 (progress, NaN/inf in ``train_loss``), every checkpoint gets a sha256 manifest, and a restart
 gets the newest checkpoint that verifies.
 
-    .venv/bin/python examples/lightning_loop.py [--storage-path DIR] [--epochs N]
+    .venv/bin/python examples/lightning_loop.py [--storage-path DIR] [--epochs N] [--faults SPEC]
 
 A LightningModule with one Linear layer on synthetic regression data; 2 CPU workers (gloo).
 Ends by printing the run directory and what happened.
@@ -15,6 +15,7 @@ Ends by printing the run directory and what happened.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import time
 
@@ -31,6 +32,7 @@ from ray.train.lightning import (
 )
 
 import rayguard
+from rayguard.events import read as read_events
 
 
 class Regression(pl.LightningModule):
@@ -92,6 +94,10 @@ def main() -> None:
     parser.add_argument("--storage-path",
                         default=os.path.expanduser("~/ray_results/rayguard-lightning"))
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--faults", default=None,
+                        help='rayguard fault injection, e.g. "kill:rank=1,step=24" (SIGKILL '
+                             'rank 1 at its report of global step 24, the end of epoch 2: the '
+                             'run resumes from the end of epoch 1)')
     args = parser.parse_args()
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
@@ -101,6 +107,7 @@ def main() -> None:
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=args.storage_path,
                              name=time.strftime("run-%Y%m%d-%H%M%S")),
+        guard_config=rayguard.GuardConfig(faults=args.faults),
     )
     result = trainer.fit()
     print(f"\nfinished: train_loss {result.metrics['train_loss']:.4f} "
@@ -111,7 +118,13 @@ def main() -> None:
         model = Regression.load_from_checkpoint(
             os.path.join(d, RayTrainReportCallback.CHECKPOINT_NAME))
     print(f"loaded: weight {model.layer.weight.detach().numpy().round(2).tolist()}")
-    print(f"what happened:   rayguard events {result.path}")
+    events = read_events(result.path)
+    sealed = sum(e["kind"] == "checkpoint_committed" for e in events)
+    notable = collections.Counter(e["kind"] for e in events if e["kind"] in (
+        "fault_injected", "stall_detected", "nan_detected", "checkpoint_rejected", "restart"))
+    print(f"what happened:   {sealed} checkpoints sealed with rayguard's manifest; "
+          + (", ".join(f"{k} x{n}" for k, n in notable.items()) or "no fault, no restart"))
+    print(f"the whole story: rayguard events {result.path}")
 
 
 if __name__ == "__main__":
