@@ -123,6 +123,18 @@ def assert_clean(result, run_dir: str) -> None:
     assert not bad, json.dumps(bad, indent=1)[:4000]
 
 
+def assert_sealed(result, run_dir: str, count: int) -> None:
+    """Each of the run's ``count`` checkpoints was sealed by rayguard as it was reported, and
+    the last one verifies (every file's size and sha256 in its manifest)."""
+    import rayguard
+
+    committed = [e for e in events(run_dir) if e["kind"] == "checkpoint_committed"]
+    assert len(committed) == count, committed
+    assert all(e.get("source") == "ray.train.report" for e in committed), committed
+    report = rayguard.checkpoint.verify(result.checkpoint.path)
+    assert report.ok, report.describe()
+
+
 def rejected_names(run_dir: str) -> list[str]:
     """Checkpoint directory names named by a ``checkpoint_rejected`` event."""
     names = []

@@ -156,6 +156,7 @@ def test_an_accelerate_loop_outlasting_the_watchdog_bounds_is_not_stalled(refere
     common.assert_clean(result, run_dir)
     assert result.metrics["step"] == STEPS
     assert len(common.checkpoint_dirs(run_dir)) == STEPS // SAVE
+    common.assert_sealed(result, run_dir, STEPS // SAVE)
 
 
 def test_a_killed_worker_resumes_through_accelerate_and_skips_a_damaged_checkpoint(

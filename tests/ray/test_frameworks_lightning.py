@@ -130,6 +130,7 @@ def test_a_lightning_loop_outlasting_the_watchdog_bounds_is_not_stalled(referenc
     common.assert_clean(result, run_dir)
     assert result.metrics["epoch"] == EPOCHS - 1
     assert len(common.checkpoint_dirs(run_dir)) == EPOCHS
+    common.assert_sealed(result, run_dir, EPOCHS)
 
 
 def test_a_killed_worker_resumes_through_lightning_and_skips_a_damaged_checkpoint(

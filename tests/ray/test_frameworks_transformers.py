@@ -136,6 +136,7 @@ def test_a_transformers_loop_outlasting_the_watchdog_bounds_is_not_stalled(refer
     common.assert_clean(result, run_dir)
     assert result.metrics["step"] == STEPS
     assert len(common.checkpoint_dirs(run_dir)) == STEPS // SAVE
+    common.assert_sealed(result, run_dir, STEPS // SAVE)
 
 
 def test_a_killed_worker_resumes_through_transformers_and_skips_a_damaged_checkpoint(
