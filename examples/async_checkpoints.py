@@ -44,7 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--storage-path", default=tempfile.mkdtemp(prefix="rayguard-async-"))
     args = parser.parse_args()
-    ray.init(num_cpus=2)
+    ray.init(address="local", num_cpus=2)  # a new local cluster, never another one
     trainer = rayguard.RobustTrainer(
         train_fn, train_loop_config={"steps": 20},
         scaling_config=ScalingConfig(num_workers=2),

@@ -9,6 +9,7 @@ import tempfile
 import torch
 
 from rayguard import checkpoint
+from rayguard.cli import shell_command
 
 root = tempfile.mkdtemp(prefix="rayguard-ckpt-")
 model = torch.nn.Linear(16, 4).to(torch.bfloat16)
@@ -29,4 +30,4 @@ print("verify newest:", checkpoint.verify(newest).describe())
 path, report = checkpoint.find_latest_valid(root)
 state = checkpoint.load(path)
 print(f"newest valid: {os.path.basename(path)} (step {state['step']}), ok={report.ok}")
-print(f"inspect from the shell: rayguard checkpoint ls {root}")
+print(f"inspect from the shell: {shell_command('checkpoint', 'ls', root)}")

@@ -16,6 +16,7 @@ import torch
 from ray.train import RunConfig, ScalingConfig
 
 import rayguard
+from rayguard.cli import shell_command
 from rayguard.events import read as read_events
 
 
@@ -65,7 +66,7 @@ def main() -> None:
     restored = [e for e in read_events(second.path) if e["kind"] == "restored"][-1]
     print(f"1 worker: {restored['detail']}")
     print(f"1 worker: steps 4-7, last loss {second.metrics['loss']:.4f}; checkpoints in {second.path}")
-    print(f"inspect from the shell: rayguard checkpoint ls {second.path}")
+    print(f"inspect from the shell: {shell_command('checkpoint', 'ls', second.path)}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ Each run goes into its own directory under ``~/ray_results/rayguard-quickstart``
 
 import argparse
 import os
-import sys
 import time
 
 import ray
@@ -17,6 +16,7 @@ import torch
 from ray.train import RunConfig, ScalingConfig
 
 import rayguard
+from rayguard.cli import shell_command
 
 CHECKPOINT_EVERY = 10  # report(state=...) takes a checkpoint: every N steps, not every step
 
@@ -70,11 +70,11 @@ def main() -> None:
     print(f"\nfinished: final loss {loss:.4f} after {args.steps} steps")
     print(f"run directory:   {result.path}")
     print(f"last checkpoint: {result.checkpoint.path}")
-    cli = os.path.relpath(os.path.join(os.path.dirname(sys.executable), "rayguard"))
     print("look inside:")
-    print(f"  {cli} checkpoint ls {result.path}")
-    print(f"  {cli} events {result.path}")
-    print(f"  {cli} report {result.path} -o report.html   # needs rayguard[report] (plotly)")
+    print(f"  {shell_command('checkpoint', 'ls', result.path)}")
+    print(f"  {shell_command('events', result.path)}")
+    print(f"  {shell_command('report', result.path, '-o', 'report.html')}"
+          "   # needs rayguard[report] (plotly)")
 
 
 if __name__ == "__main__":

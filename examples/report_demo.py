@@ -17,6 +17,7 @@ import torch
 from ray.train import RunConfig, ScalingConfig
 
 import rayguard
+from rayguard.cli import shell_command
 
 FAULTS = "kill:rank=1,step=12;hang:rank=0,step=24;nan:rank=0,step=36"
 
@@ -70,7 +71,7 @@ def main() -> None:
     write_report(run_dir, args.output)
     print(f"run directory: {run_dir}")
     print(f"report: {os.path.abspath(args.output)}  (open it in a browser; it works offline)")
-    print(f"events: python -m rayguard events {run_dir}")
+    print(f"events: {shell_command('events', run_dir)}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shlex
 import sys
 
 # (module, what it adds). Listed here so `rayguard --help` is complete without scanning.
@@ -49,6 +51,21 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     finally:
         restore()
+
+
+def shell_command(*args: str) -> str:
+    """``rayguard <args>`` as a command that runs as printed, with this Python's installation
+    (what examples print): the ``rayguard`` script next to ``sys.executable`` (relative to
+    the current directory when it is below it, e.g. ``.venv/bin/rayguard``), which works
+    without the venv being active, where a bare ``rayguard`` is not on ``PATH``; else
+    ``<python> -m rayguard``."""
+    script = os.path.join(os.path.dirname(sys.executable), "rayguard")
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        relative = os.path.relpath(script)
+        words = [relative if not relative.startswith(os.pardir) else script]
+    else:
+        words = [sys.executable, "-m", "rayguard"]
+    return shlex.join([*words, *(str(a) for a in args)])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rayguard.exceptions import config_error
+from rayguard.exceptions import config_error, strict_fields
 from rayguard.health.config import HealthConfig
 
 NumaMode = Literal["auto", "strict", "off"]
@@ -21,6 +21,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+@strict_fields
 @dataclass(frozen=True)
 class CheckpointConfig:
     """``GuardConfig(checkpoint=CheckpointConfig(...))``."""
@@ -65,6 +66,7 @@ class CheckpointConfig:
                                "pass the longest a checkpoint may take to persist, e.g. 1800")
 
 
+@strict_fields
 @dataclass(frozen=True)
 class GuardConfig:
     """What rayguard sets up in each worker and watches during a run."""

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from rayguard.exceptions import RayGuardError
+from rayguard.inert import inert
 
 DEFAULT_CONNECT_TIMEOUT_S = 15.0
 """How long ``ray.init(address=...)`` may take before a CLI command gives up."""
@@ -78,20 +79,49 @@ def auth_message(command: str, address: str, local_hint: str) -> str:
             "RAY_AUTH_TOKEN_PATH=<file>, default ~/.ray/auth_token), or " + local_hint)
 
 
-def init_ray(address: str, *, found_automatically: bool) -> None:
+def init_ray(address: str, *, found_automatically: bool, notify: Notify | None = None,
+             command: str = "rayguard") -> None:
     """``ray.init(address=...)`` for a CLI helper process, with Ray's own token rule: a
     cluster found automatically (``auto``) gets this user's token (``~/.ray/auth_token``)
     when RAY_AUTH_MODE is unset, as a bare ``ray.init()`` does; an explicit address does not
-    (Ray 2.60, ``ray/_private/worker.py``)."""
+    (Ray 2.60, ``ray/_private/worker.py``). Except when the cluster found belongs to another
+    user of this machine: then the token is not sent and ``notify("warning", ...)`` says so."""
     import logging
 
     import ray
 
     if found_automatically:
-        from rayguard._ray.core import enable_default_token_auth
+        warning = foreign_cluster_warning(address, command)
+        if warning is None:
+            from rayguard._ray.core import enable_default_token_auth
 
-        enable_default_token_auth()
+            enable_default_token_auth()
+        elif notify is not None:
+            notify("warning", message=warning)
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+
+
+def foreign_cluster_warning(address: str, command: str = "rayguard") -> str | None:
+    """A warning when the cluster ``--address auto`` found (``address``: the resolved one,
+    or ``"auto"``) is run by another user of this machine; None when it is this user's or
+    the owner cannot be told (a remote cluster)."""
+    from rayguard.cluster_owner import foreign_owner, user_name
+
+    if address == "auto":
+        from rayguard._ray.core import resolve_auto_address
+
+        try:
+            address = resolve_auto_address() or ""
+        except Exception:  # noqa: BLE001 - ray.init will say what is wrong
+            return None
+    uid = foreign_owner(address)
+    if uid is None:
+        return None
+    return (f"{command}: warning: the Ray cluster found at {address} (--address auto) is run "
+            f"by another user ({user_name(uid)}, uid {uid}), not by you; your Ray token is not "
+            "sent to it. Fix: start your own cluster or pass its address (--address "
+            "host:port); to use this one on purpose, pass --address "
+            f"{address} with RAY_AUTH_MODE=token")
 
 
 def process_elapsed_s() -> float | None:
@@ -190,6 +220,8 @@ class _Waiter:
                 print(f"{self.command}: connecting to the Ray cluster at {self.address} (up to "
                       f"{self.connect_timeout_s:.0f} s; Ctrl-C stops)", file=self.progress,
                       flush=True)
+        elif phase == "warning":
+            print(inert(msg.get("message", "")), file=sys.stderr, flush=True)
         elif phase == "connected":
             self.phase = "connected"
             self.deadline = time.monotonic() + self.timeout_s
@@ -263,12 +295,13 @@ def call_connected(target: str, kwargs: dict[str, Any], *, command: str, address
     Raises:
         ClusterUnavailableError: auth refused, a bound passed, or the work failed.
     """
-    payload = json.dumps({"target": target, "kwargs": kwargs})
+    payload = json.dumps({"target": target, "kwargs": kwargs}).encode()
     with tempfile.NamedTemporaryFile(prefix="rayguard-connect-", suffix=".log") as log, \
             open(log.name, "rb") as reader:  # own offset: reads what the child appends
-        proc = subprocess.Popen([sys.executable, "-m", "rayguard.connect", payload],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                start_new_session=True)
+        # the request (doctor --env values included) goes over stdin, never into argv (ps)
+        proc = subprocess.Popen(child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=log, start_new_session=True)
+        _send(proc, payload)
         restore = install_exit_handlers(lambda: _kill_group(proc))
         try:
             waiter = _Waiter(proc, reader, command=command, address=address,
@@ -278,6 +311,44 @@ def call_connected(target: str, kwargs: dict[str, Any], *, command: str, address
         finally:
             _kill_group(proc)
             restore()
+
+
+def import_paths() -> list[str]:
+    """Where the helper imports from besides the interpreter's own: the folder holding this
+    rayguard, then PYTHONPATH's absolute entries; never the current directory."""
+    here = os.path.realpath(os.getcwd())
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out: list[str] = []
+    for path in [package_parent, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]:
+        if (path and os.path.isabs(path) and path not in out
+                and (path == package_parent or os.path.realpath(path) != here)):
+            out.append(path)
+    return out
+
+
+def child_command() -> list[str]:
+    """The helper's command line. Isolated mode (``-I``, Python 3.10 included) puts neither
+    the current directory nor the user site on ``sys.path`` and ignores PYTHON* variables;
+    the paths of :func:`import_paths` are set before the first rayguard import, so a
+    ``json.py`` in the directory where a user runs ``rayguard doctor`` is never imported."""
+    boot = (f"import sys; sys.path[:0] = {import_paths()!r}; "
+            "from rayguard.connect import child_entry; child_entry()")
+    return [sys.executable, "-I", "-c", boot]
+
+
+def _send(proc: subprocess.Popen[bytes], payload: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except OSError:  # the child died at once: the waiter reports its last words
+        pass
+
+
+def child_entry() -> None:
+    """The helper's first call: the request from stdin, then :func:`_child_main`."""
+    payload = sys.stdin.buffer.read().decode("utf-8")
+    os._exit(_child_main(payload))
 
 
 def _child_main(payload: str) -> int:
@@ -302,11 +373,3 @@ def _child_main(payload: str) -> int:
         return 2
     notify("result", value=value)
     return 0
-
-
-if __name__ == "__main__":
-    # Run the imported module's copy, so that ``except ClusterUnavailableError`` matches the
-    # class the targets raise (this file also runs as ``__main__``).
-    from rayguard.connect import _child_main as child_main
-
-    os._exit(child_main(sys.argv[1]))

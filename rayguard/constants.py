@@ -39,6 +39,12 @@ DEFAULT_PREEMPTION_GRACE_S = 25.0
 # for a 2 s poll. A value the user set explicitly is kept.
 RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
+# Ray's own variable naming the cluster to join. RobustTrainer sets it, for the controller
+# (and the actors Ray Train starts from there, its PlacementGroupCleaner among them) and the
+# workers, to the cluster fit() runs on: with several clusters on one machine, an unset
+# RAY_ADDRESS makes Ray's State API pick the latest `ray start --head`, maybe another one's.
+RAY_ADDRESS_ENV_VAR = "RAY_ADDRESS"
+
 # Name of the event log written into the run directory.
 EVENTS_FILENAME = "rayguard_events.jsonl"
 

@@ -106,21 +106,21 @@ def read(path: str | os.PathLike[str], filesystem: Any = None) -> list[dict[str,
             "run started with rayguard.RobustTrainer, or the path of its "
             f"{EVENTS_FILENAME}."
         )
-    with open(p, encoding="utf-8") as f:
-        return _parse(f.read())
+    return _read(str(p), None)
 
 
-def _parse(text: str) -> list[dict[str, Any]]:
-    from rayguard.observe.log import parse_lines
+def _read(path: str, filesystem: Any) -> list[dict[str, Any]]:
+    """Streamed through the one reader (:mod:`rayguard.observe.log`): bounded memory per
+    line, a crafted line is skipped."""
+    from rayguard.observe.log import EventSource, read_log
 
-    return parse_lines(text, "run").events
+    return read_log(EventSource("run", path, filesystem)).events
 
 
 def _read_remote(path: str, filesystem: Any) -> list[dict[str, Any]]:
     if not path.endswith(".jsonl"):
         path = f"{path.rstrip('/')}/{EVENTS_FILENAME}"
-    with filesystem.open_input_stream(path) as f:
-        return _parse(f.read().decode("utf-8"))
+    return _read(path, filesystem)
 
 
 if __name__ == "__main__":  # python -m rayguard.events RUN_DIR [--follow] [--kind K] ...

@@ -6,6 +6,11 @@ and pickles with the default protocol.
 
 from __future__ import annotations
 
+import difflib
+import functools
+from typing import Any, TypeVar
+
+_C = TypeVar("_C", bound=type)
 
 class RayGuardError(Exception):
     """Base class of every rayguard error."""
@@ -21,6 +26,43 @@ def config_error(owner: str, field: str, value: object, why: str, fix: str) -> C
     ``ConfigError("HealthConfig(stall_timeout_s=0): must be > 0. Fix: ...")``
     """
     return ConfigError(f"{owner}({field}={value!r}): {why}. Fix: {fix}")
+
+
+class UnknownFieldError(ConfigError, TypeError):
+    """A config was given a field it does not have (``HealthConfig(stall_timout_s=5)``). Also a
+    ``TypeError``, what Python raises for an unexpected keyword, so ``except TypeError`` code
+    keeps working."""
+
+
+def unknown_field_error(owner: str, field: str, value: object,
+                        valid: list[str]) -> UnknownFieldError:
+    """``HealthConfig(stall_timout_s=5): no such field. Fix: stall_timeout_s=5 (HealthConfig's
+    fields: ...)``, the nearest valid field first."""
+    near = difflib.get_close_matches(field, valid, n=1, cutoff=0.6)
+    fix = (f"did you mean {near[0]}={value!r}?" if near
+           else f"use one of {owner}'s fields")
+    return UnknownFieldError(f"{owner}({field}={value!r}): {owner} has no field {field!r}. "
+                             f"Fix: {fix} ({owner}'s fields: {', '.join(valid)})")
+
+
+def strict_fields(cls: _C) -> _C:
+    """Class decorator for a config dataclass (put it above ``@dataclass``): an unknown keyword
+    raises :func:`unknown_field_error` (the class, the field, the nearest valid field)
+    instead of Python's bare ``TypeError``. The one mechanism every config uses."""
+    import dataclasses
+
+    init = cls.__init__  # type: ignore[misc]
+    valid = [f.name for f in dataclasses.fields(cls) if f.init]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name, value in kwargs.items():
+            if name not in valid:
+                raise unknown_field_error(cls.__name__, name, value, valid)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
 
 
 class RayVersionError(ConfigError):

@@ -48,6 +48,47 @@ def progress_line(progress: dict[str, Any], steps_per_s: float | None) -> str:
     return " | ".join(parts)
 
 
+def attempt_view(latest: dict[str, Any], attempt: int, commits: list[int]) -> dict[str, Any]:
+    """What the progress line may show while ``attempt`` runs, from ``latest`` (the last update
+    rank 0 sent, stamped with its ``attempt``) and ``commits`` (the steps of the checkpoints
+    this ``fit()`` committed, in order).
+
+    Rank 0 sends its step at most every :data:`SEND_INTERVAL_S`, while a commit is recorded at
+    once, so the two must be matched: the checkpoint shown is the last one committed at or
+    before the step shown (never a later one, as ``step 0 | checkpoint step 59``). A step of an
+    earlier attempt is not shown (a restarted group has not reported yet: its step is unknown,
+    not the dead group's). The metrics stay (``RobustTrainer.last_metrics``)."""
+    view = {k: v for k, v in latest.items() if k != "checkpoint_step"}
+    view["attempt"] = attempt
+    if latest.get("attempt", attempt) != attempt:
+        view.pop("step", None)
+        view.pop("time", None)
+    step = view.get("step")
+    if isinstance(step, int):
+        view["checkpoint_step"] = next((s for s in reversed(commits) if s <= step), None)
+    else:
+        view["checkpoint_step"] = commits[-1] if commits else None
+    return view
+
+
+def next_line(printed: tuple[int, int, float] | None,
+              progress: dict[str, Any]) -> tuple[str, tuple[int, int, float]] | None:
+    """The line to print for ``progress`` and the new ``(attempt, step, time)`` printed, or
+    None when there is nothing new. ``printed``: the last one printed. Steps/s compare two
+    points of one attempt only (a restart resumes at another step after a pause)."""
+    step, at, attempt = progress.get("step"), progress.get("time"), progress.get("attempt", 0)
+    if step is None or at is None:
+        return None
+    rate = None
+    if printed is not None:
+        prev_attempt, prev_step, prev_at = printed
+        if (attempt, step) == (prev_attempt, prev_step):
+            return None  # nothing new since the last line
+        if attempt == prev_attempt and isinstance(step, int) and at > prev_at and step > prev_step:
+            rate = (step - prev_step) / (at - prev_at)
+    return progress_line(progress, rate), (attempt, step, at)
+
+
 def event_line(event: dict[str, Any]) -> str:
     where = ", ".join(x for x in (
         f"attempt {event['attempt']}" if event.get("attempt") is not None else "",
@@ -64,8 +105,8 @@ class ProgressPrinter:
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._events_seen = 0
-        self._printed: tuple[int, float] | None = None
-        """(step, the worker's time of it) of the last line printed."""
+        self._printed: tuple[int, int, float] | None = None
+        """(attempt, step, the worker's time of it) of the last line printed."""
         self._printed_at = float("-inf")
         """``time.monotonic()`` here when that line was printed."""
         self._thread = threading.Thread(target=self._run, name="rayguard-progress", daemon=True)
@@ -104,15 +145,9 @@ class ProgressPrinter:
             progress = ray.get(self.coordinator.get_progress.remote(), timeout=10)
         except Exception:
             return
-        step, at = progress.get("step"), progress.get("time")
-        if step is None or at is None:
+        line = next_line(self._printed, progress)
+        if line is None:
             return
-        rate = None
-        if self._printed is not None:
-            prev_step, prev_at = self._printed
-            if step == prev_step:
-                return  # nothing new since the last line
-            if isinstance(step, int) and at > prev_at and step > prev_step:
-                rate = (step - prev_step) / (at - prev_at)
-        self._printed, self._printed_at = (step, at), time.monotonic()
-        logger.info("%s", progress_line(progress, rate))
+        text, self._printed = line
+        self._printed_at = time.monotonic()
+        logger.info("%s", text)

@@ -25,7 +25,12 @@ from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
 from rayguard._ray.train import GuardHooksTrainer  # a ray.train.torch.TorchTrainer
 from rayguard.config import GuardConfig
-from rayguard.constants import EVENTS_FILENAME, RAY_TRAIN_POLL_INTERVAL_ENV_VAR, propagated_env
+from rayguard.constants import (
+    EVENTS_FILENAME,
+    RAY_ADDRESS_ENV_VAR,
+    RAY_TRAIN_POLL_INTERVAL_ENV_VAR,
+    propagated_env,
+)
 from rayguard.events import events_path, make_event
 from rayguard.exceptions import ConfigError, WorkerTraceback
 
@@ -73,6 +78,7 @@ class RobustTrainer(GuardHooksTrainer):
             warnings.warn(ignored, UserWarning, stacklevel=2)
         self.guard_config = guard_config
         self._coordinator: Any = None
+        self._cluster_address: str | None = None
         self.last_metrics: dict[str, Any] | None = None
         """Rank 0's last reported metrics once ``fit()`` returned or raised (Ray's
         ``Result.metrics`` holds only the metrics reported with the last checkpoint)."""
@@ -124,6 +130,12 @@ class RobustTrainer(GuardHooksTrainer):
             policies["scaling_policy"] = scaling_policy
         return policies
 
+    def controller_env_vars(self) -> dict[str, str]:
+        """The controller (and the actors it starts) join the cluster ``fit()`` runs on."""
+        if self._cluster_address is None:
+            return {}
+        return {RAY_ADDRESS_ENV_VAR: self._cluster_address}
+
     def _scaling_policy(self) -> Any:
         """Elastic runs only use world sizes that keep the global batch exact."""
         if self.guard_config.global_batch_size is None:
@@ -146,6 +158,7 @@ class RobustTrainer(GuardHooksTrainer):
         configure_logging()
         if not ray.is_initialized():
             ray.init()
+        self._cluster_address = _cluster_address()
         register_if_enabled(self.guard_config.serializers)
         run_dir = self.run_dir
         if self._remote_fs is None:
@@ -251,12 +264,15 @@ class RobustTrainer(GuardHooksTrainer):
 
     def _set_env(self) -> dict[str, str | None]:
         """Ray copies its own train variables (the poll interval among them) from the driver
-        to the controller; rayguard's ``RAYGUARD_*`` variables set in the driver go to the
-        workers through ``worker_runtime_env`` (values the user put there win)."""
+        to the controller; rayguard's ``RAYGUARD_*`` variables set in the driver, and
+        ``RAY_ADDRESS`` naming the cluster ``fit()`` runs on, go to the workers through
+        ``worker_runtime_env`` (values the user put there win)."""
         worker_env = cast(dict, self._rc.worker_runtime_env)
         env_vars = dict(worker_env.get("env_vars") or {})
         for key, value in propagated_env().items():
             env_vars.setdefault(key, value)
+        if self._cluster_address is not None:
+            env_vars.setdefault(RAY_ADDRESS_ENV_VAR, self._cluster_address)
         if env_vars:
             worker_env["env_vars"] = env_vars
         wanted = {}
@@ -283,6 +299,18 @@ def _worker_line(rank: int, error: BaseException, killed: dict[str, str] | None)
         return line
     return (f"[rank {rank}] killed by rayguard: {killed['bound']} bound ({killed['reason']}; "
             f"see the stall_detected event). Ray's view: {line.split(': ', 1)[-1][:300]}")
+
+
+def _cluster_address() -> str | None:
+    """The GCS address of the cluster this driver is connected to (None if unknown, as
+    through Ray Client)."""
+    import ray
+
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception as exc:
+        logger.debug("rayguard: cluster address unknown, RAY_ADDRESS not pinned: %s", exc)
+        return None
 
 
 def _one_line(error: BaseException) -> str:

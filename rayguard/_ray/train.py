@@ -23,13 +23,20 @@ Relies on (checked at import; all present in Ray 2.59 and 2.60, see docs/compati
   ``_initialize_and_run_controller(**kwargs)`` (with ``failure_policy=`` and
   ``scaling_policy=``), which :class:`GuardHooksTrainer` overrides;
 * a worker failure wraps the user's exception in a Ray error with ``_base_exc``
-  (:func:`unwrap_worker_error`).
+  (:func:`unwrap_worker_error`);
+* ``ray.train.v2._internal.constants.ENV_VARS_TO_PROPAGATE``, the set of variables Ray Train
+  copies from the driver's environment into the controller's ``runtime_env`` when it starts
+  the controller (``_initialize_and_run_controller``); actors the controller starts without
+  a ``runtime_env`` of their own (the detached ``PlacementGroupCleaner``) inherit it
+  (:func:`controller_env`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -37,6 +44,7 @@ import ray
 from rayguard._ray import require_attrs, version_error
 
 try:
+    from ray.train.v2._internal import constants as _train_constants
     from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
     from ray.train.v2._internal.execution.failure_handling import FailureDecision
     from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
@@ -62,6 +70,8 @@ require_attrs(ControllerCallback, ("before_controller_execute_failure_decision",
 require_attrs(ElasticScalingPolicy, ("_count_possible_workers", "_get_reserved_resources",
                                      "GET_RESERVED_RESOURCES_INTERVAL_S"),
               "ElasticScalingPolicy", "elastic world sizes (GuardConfig(global_batch_size=))")
+require_attrs(_train_constants, ("ENV_VARS_TO_PROPAGATE",), "ray.train.v2._internal.constants",
+              "RobustTrainer's controller environment")
 require_attrs(TorchTrainer, ("_get_train_func", "_create_default_callbacks",
                              "_initialize_and_run_controller"), "TorchTrainer", "RobustTrainer")
 
@@ -72,8 +82,8 @@ logger = logging.getLogger("rayguard")
 
 __all__ = [
     "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "GuardHooksTrainer",
-    "RoundingElasticPolicy", "ScalingPolicy", "WorkerGroupCallback", "create_scaling_policy",
-    "permute_workers", "probe_nodes", "reserved_resources", "unwrap_worker_error",
+    "RoundingElasticPolicy", "ScalingPolicy", "WorkerGroupCallback", "controller_env",
+    "create_scaling_policy", "permute_workers", "probe_nodes", "reserved_resources", "unwrap_worker_error",
     "worker_slots",
 ]
 
@@ -178,11 +188,34 @@ class RoundingElasticPolicy(ElasticScalingPolicy):
         return reserved
 
 
+# -- the controller's environment ---------------------------------------------------------
+@contextmanager
+def controller_env(values: dict[str, str]) -> Iterator[None]:
+    """While the block runs, ``values`` are set in this (the driver's) environment and named
+    in Ray Train's ``ENV_VARS_TO_PROPAGATE``, so that the controller Ray Train starts there
+    gets them in its ``runtime_env`` (and so does every actor it starts without one of its
+    own). Both are restored when the block ends."""
+    names = _train_constants.ENV_VARS_TO_PROPAGATE
+    added = [k for k in values if k not in names]
+    saved = {k: os.environ.get(k) for k in values}
+    names.update(added)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        names.difference_update(added)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 # -- TorchTrainer's private hooks ---------------------------------------------------------------
 class GuardHooksTrainer(TorchTrainer):
-    """``TorchTrainer`` with its private hooks turned into three public ones a subclass
+    """``TorchTrainer`` with its private hooks turned into four public ones a subclass
     overrides: :meth:`wrap_train_func`, :meth:`controller_callbacks`,
-    :meth:`controller_policies`."""
+    :meth:`controller_policies`, :meth:`controller_env_vars`."""
 
     def wrap_train_func(self, train_func: Callable[..., Any]) -> Callable[..., Any]:
         """The function each worker runs, given the one Ray Train would run."""
@@ -196,6 +229,10 @@ class GuardHooksTrainer(TorchTrainer):
         """``failure_policy`` and/or ``scaling_policy`` for the controller (absent: Ray's)."""
         return {}
 
+    def controller_env_vars(self) -> dict[str, str]:
+        """Variables set in the controller's environment (and the actors it starts)."""
+        return {}
+
     def _get_train_func(self):
         return self.wrap_train_func(super()._get_train_func())
 
@@ -204,4 +241,5 @@ class GuardHooksTrainer(TorchTrainer):
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any):
         controller_init_kwargs.update(self.controller_policies())
-        return super()._initialize_and_run_controller(**controller_init_kwargs)
+        with controller_env(self.controller_env_vars()):
+            return super()._initialize_and_run_controller(**controller_init_kwargs)

@@ -2,7 +2,11 @@
 
 Exit status: ``0`` every checkpoint verified (``ls``: also when there are none), ``1`` a
 checkpoint failed verification (``ls``: any listed one), ``2`` the path does not exist or
-is not a directory."""
+is not a directory, ``3`` (``verify``) the directory is not a rayguard checkpoint (no
+manifest: e.g. a plain TorchTrainer checkpoint folder), as opposed to a damaged one.
+
+Paths and problems come from the manifest, which may come from elsewhere: what is printed
+is made inert (:mod:`rayguard.inert`), so a crafted path cannot paint a fake "OK" line."""
 
 from __future__ import annotations
 
@@ -13,7 +17,10 @@ import sys
 from typing import Any
 
 from rayguard.checkpoint.fallback import list_candidates, order_candidates
+from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.reported import REPORTED_SOURCE
 from rayguard.checkpoint.verify import verify
+from rayguard.inert import inert
 
 
 def register(subparsers: Any) -> None:
@@ -33,7 +40,8 @@ def register(subparsers: Any) -> None:
     p_ls.set_defaults(func=_cmd_ls)
 
 
-EXIT_OK, EXIT_CORRUPT, EXIT_NOT_FOUND = 0, 1, 2
+EXIT_OK, EXIT_CORRUPT, EXIT_NOT_FOUND, EXIT_NOT_RAYGUARD = 0, 1, 2, 3
+NOT_RAYGUARD = "not a rayguard checkpoint"
 
 
 def _not_found(command: str, path: str, as_json: bool) -> int | None:
@@ -44,12 +52,29 @@ def _not_found(command: str, path: str, as_json: bool) -> int | None:
     if as_json:
         print(json.dumps({"path": path, "ok": None, "error": what}))
     else:
-        print(f"rayguard checkpoint {command}: {path}: {what}", file=sys.stderr)
+        print(f"rayguard checkpoint {command}: {inert(path)}: {what}", file=sys.stderr)
     return EXIT_NOT_FOUND
+
+
+def _not_rayguard(path: str, as_json: bool) -> int | None:
+    """Exit 3 with "not a rayguard checkpoint" when ``path`` has no manifest at all; None
+    when it has one (even a broken one: that is a damaged rayguard checkpoint)."""
+    if os.path.lexists(os.path.join(path, MANIFEST_NAME)):
+        return None
+    detail = (f"no {MANIFEST_NAME} in it: a folder rayguard did not write (e.g. a plain "
+              "TorchTrainer checkpoint) or a rayguard save that never committed; nothing "
+              "was verified")
+    if as_json:
+        print(json.dumps({"path": path, "ok": None, "error": NOT_RAYGUARD, "detail": detail}))
+    else:
+        print(f"NOT A RAYGUARD CHECKPOINT {inert(path)}: {detail}")
+    return EXIT_NOT_RAYGUARD
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     missing = _not_found("verify", args.path, args.json)
+    if missing is None:
+        missing = _not_rayguard(args.path, args.json)
     if missing is not None:
         return missing
     report = verify(args.path)
@@ -57,11 +82,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=1))
     elif report.ok and report.manifest is not None:
         m = report.manifest
-        print(f"OK {report.path}: step {m.step}, {len(m.files)} files, {_human(m.size_bytes)}, sha256 verified")
+        source = (", reported through ray.train.report"
+                  if m.metadata.get("source") == REPORTED_SOURCE else "")
+        print(f"OK {inert(report.path)}: step {m.step}, {len(m.files)} files, "
+              f"{_human(m.size_bytes)}, sha256 verified{source}")
     else:
-        print(f"CORRUPT {report.path}:")
+        print(f"CORRUPT {inert(report.path)}:")
         for p in report.problems:
-            print(f"  {p.file}: {p.what}")
+            print(f"  {inert(p.file)}: {inert(p.what)}")
     return EXIT_OK if report.ok else EXIT_CORRUPT
 
 
@@ -80,6 +108,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 "step": m.step if m else None,
                 "size_bytes": m.size_bytes if m else None,
                 "status": status,
+                "source": cand.source or ("rayguard" if m else None),
                 "problems": [f"{p.file}: {p.what}" for p in report.problems],
             }
         )
@@ -89,15 +118,16 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         return exit_code
     if not rows:
-        print(f"no checkpoints under {args.root}")
+        print(f"no checkpoints under {inert(args.root)}")
         return EXIT_OK
     print(f"{'STEP':>8}  {'SIZE':>10}  {'STATUS':<9} PATH")
     for row in rows:
         size = _human(row["size_bytes"]) if row["size_bytes"] is not None else "-"
         step = "-" if row["step"] is None else str(row["step"])
-        print(f"{step:>8}  {size:>10}  {row['status']:<9} {row['path']}")
+        source = "  (ray.train.report)" if row["source"] == REPORTED_SOURCE else ""
+        print(f"{step:>8}  {size:>10}  {row['status']:<9} {inert(row['path'])}{source}")
         for problem in row["problems"]:
-            print(f"{'':>32}{problem}")
+            print(f"{'':>32}{inert(problem)}")
     return exit_code
 
 

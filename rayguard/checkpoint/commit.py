@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rayguard.checkpoint.fsio import atomic_write_bytes, fsync_dir, io_error, phase
+from rayguard.checkpoint.fsio import atomic_write_bytes, check_real_dir, fsync_dir, io_error, phase
 from rayguard.checkpoint.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -47,6 +47,20 @@ def staging_dir_for(final_dir: str | os.PathLike[str]) -> Path:
     return final.parent / f"{STAGING_PREFIX}{final.name}"
 
 
+def prepare_staging(final_dir: str | os.PathLike[str]) -> Path:
+    """Create (every rank may call it at once) and return ``final_dir``'s staging directory;
+    raises CheckpointError if what is at that name is a symlink or not a directory."""
+    staging = staging_dir_for(final_dir)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        pass  # a file or a dangling link: check_real_dir names it
+    except OSError as exc:
+        raise io_error("create the staging directory of", staging, exc) from exc
+    check_real_dir(staging, "staging directory")
+    return staging
+
+
 def commit(
     staging_dir: str | os.PathLike[str],
     final_dir: str | os.PathLike[str],
@@ -63,6 +77,7 @@ def commit(
     CheckpointError is raised; existing checkpoints are never touched.
     """
     staging, final = Path(staging_dir), Path(final_dir)
+    check_real_dir(staging, "staging directory")  # renaming a planted link would publish it
     try:
         manifest = _build_manifest(staging, list(records), world_size, step, metadata or {})
         fsync_dir(staging)

@@ -6,7 +6,6 @@ directory and verifies candidates one by one until one passes.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -15,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayguard.checkpoint import safejson
 from rayguard.checkpoint.commit import STAGING_PREFIX
-from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from rayguard.checkpoint.reported import REPORTED_SOURCE
 from rayguard.checkpoint.verify import Problem, VerifyReport, verify
 from rayguard.exceptions import CheckpointError
@@ -108,13 +108,13 @@ def candidates_of(root: str | os.PathLike[str], *, reported: bool = False) -> li
 def _peek(manifest: Path) -> tuple[int | None, bool, str | None]:
     """``(step, readable, source)`` of a manifest, read without verifying anything."""
     try:
-        doc = json.loads(manifest.read_text(encoding="utf-8"))
+        doc = safejson.read_file(manifest, str(manifest), max_bytes=MAX_MANIFEST_BYTES)
         step = doc.get("step")
         metadata = doc.get("metadata")
         source = metadata.get("source") if isinstance(metadata, dict) else None
-        return ((int(step) if step is not None else None), True,
-                source if isinstance(source, str) else None)
-    except (OSError, ValueError, TypeError, AttributeError, OverflowError):
+        return ((None if step is None else safejson.int_field(step, "step", -safejson.INT64_MAX)),
+                True, source if isinstance(source, str) else None)
+    except (OSError, ValueError, CheckpointError):
         return None, False, None
 
 

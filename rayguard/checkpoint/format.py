@@ -26,11 +26,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from rayguard.checkpoint import safejson
 from rayguard.exceptions import CheckpointCorruptError, SerializationError
 
 FORMAT_NAME = "rayguard-shard"
 FORMAT_VERSION = 1
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors limit
+MAX_STRUCTURE_DEPTH = 200
+"""JSON levels of a state's structure (two per container level): a deeper state is refused
+when it is saved, and a deeper header when it is read."""
+MAX_ELEMENTS = 1 << 62
 
 _SAFETENSORS_CODES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -161,7 +166,15 @@ def _unsupported_tensor(t: torch.Tensor) -> str:
 def encode(state: Any) -> tuple[Any, list[Entry]]:
     """Split ``state`` into its JSON structure and its payload entries (tensors, arrays)."""
     enc = _Encoder()
-    return enc.encode(state, "state"), enc.entries
+    try:
+        structure = enc.encode(state, "state")
+    except RecursionError:
+        structure = None
+    if structure is None and state is not None or safejson.depth(structure, MAX_STRUCTURE_DEPTH) > MAX_STRUCTURE_DEPTH:
+        raise SerializationError(
+            f"state: nested more than {MAX_STRUCTURE_DEPTH // 2} containers deep, which a "
+            "checkpoint refuses to read back. Fix: flatten the state (e.g. a dict of lists).")
+    return structure, enc.entries
 
 
 def build_header(structure: Any, entries: list[Entry]) -> bytes:
@@ -185,32 +198,56 @@ def build_header(structure: Any, entries: list[Entry]) -> bytes:
 
 
 def parse_header(header: bytes, file_size: int, path: str) -> tuple[Any, list[Entry], int]:
-    """Validate a shard header; returns (structure, entries without objects, payload start)."""
+    """Validate a shard header; returns (structure, entries without objects, payload start).
+
+    Total: any bytes give a result or CheckpointCorruptError (sizes, depth and numbers are
+    bounded; see :mod:`rayguard.checkpoint.safejson`)."""
 
     def corrupt(what: str) -> CheckpointCorruptError:
         return CheckpointCorruptError(f"{path}: shard header is invalid ({what}); the file is corrupt or not a rayguard shard")
 
+    where = f"{path}: shard header is invalid"
+    doc = safejson.loads(header, where, max_bytes=MAX_HEADER_BYTES, max_depth=4)
     try:
-        doc = json.loads(header.decode("utf-8"))
         meta = doc.pop("__metadata__")
+        if not isinstance(meta, dict) or not isinstance(meta.get("rayguard.structure"), str):
+            raise corrupt("no rayguard structure in __metadata__")
         if meta.get("format") != FORMAT_NAME or meta.get("format_version") != str(FORMAT_VERSION):
-            raise corrupt(f"format {meta.get('format')!r} version {meta.get('format_version')!r}")
-        structure = json.loads(meta["rayguard.structure"])
+            raise corrupt(f"format {str(meta.get('format'))[:40]!r} version {str(meta.get('format_version'))[:40]!r}")
+        structure = safejson.loads(meta["rayguard.structure"], f"{where} (structure)",
+                                   max_bytes=MAX_HEADER_BYTES, max_depth=MAX_STRUCTURE_DEPTH,
+                                   top=object)
         entries = _entries_from_structure(structure)
     except CheckpointCorruptError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise corrupt(f"{type(exc).__name__}: {exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError) as exc:
+        raise corrupt(f"{type(exc).__name__}: {str(exc)[:300]}") from None
     start = 8 + len(header)
     offset = 0
     for i, e in enumerate(entries):
         spec = doc.get(str(i))
         if not isinstance(spec, dict) or spec.get("data_offsets") != [offset, offset + e.nbytes]:
-            raise corrupt(f"tensor {i}: offsets {spec and spec.get('data_offsets')} do not match its size")
+            offsets = spec.get("data_offsets") if isinstance(spec, dict) else spec
+            raise corrupt(f"tensor {i}: offsets {str(offsets)[:80]} do not match its size")
         offset += e.nbytes
     if len(doc) != len(entries) or start + offset != file_size:
         raise corrupt(f"payload of {offset} bytes after a {start}-byte header does not fill the {file_size}-byte file")
     return structure, entries, start
+
+
+def _entry(tag: str, node: dict[str, Any]) -> Entry:
+    """The payload entry of a ``tensor``/``ndarray`` structure node, with bounded numbers."""
+    dims = node["shape"]
+    if not isinstance(dims, list) or not isinstance(node["dtype"], str):
+        raise ValueError("shape is not a list or dtype is not a string")
+    shape = tuple(safejson.int_field(s, "shape", 0, MAX_ELEMENTS) for s in dims)
+    if math.prod(max(s, 1) for s in shape) > MAX_ELEMENTS:
+        raise ValueError(f"shape {shape} has more than {MAX_ELEMENTS} elements")
+    if tag == "tensor":
+        itemsize = torch.empty(0, dtype=torch_dtype(node["dtype"])).element_size()
+    else:
+        itemsize = _numpy_dtype(node["dtype"]).itemsize
+    return Entry(tag, node["dtype"], shape, math.prod(shape) * itemsize)
 
 
 def _entries_from_structure(structure: Any) -> list[Entry]:
@@ -221,16 +258,9 @@ def _entries_from_structure(structure: Any) -> list[Entry]:
         if isinstance(node, dict):
             tag = node.get("_")
             if tag == "ref":
-                refs.append(int(node["i"]))
+                refs.append(safejson.int_field(node["i"], "ref index"))
             if tag in ("tensor", "ndarray"):
-                shape = tuple(int(s) for s in node["shape"])
-                if any(s < 0 for s in shape):
-                    raise ValueError(f"negative shape {shape}")
-                if tag == "tensor":
-                    itemsize = torch.empty(0, dtype=torch_dtype(node["dtype"])).element_size()
-                else:
-                    itemsize = _numpy_dtype(node["dtype"]).itemsize
-                found[int(node["i"])] = Entry(tag, node["dtype"], shape, math.prod(shape) * itemsize)
+                found[safejson.int_field(node["i"], "tensor index")] = _entry(tag, node)
             for key in ("v", "k"):
                 children = node.get(key)
                 if isinstance(children, list):
@@ -246,8 +276,11 @@ def _entries_from_structure(structure: Any) -> list[Entry]:
 
 
 def _numpy_dtype(name: str) -> np.dtype:
+    if not isinstance(name, str) or len(name) > 16:
+        raise ValueError(f"numpy dtype {str(name)[:40]!r} is not allowed")
     dtype = np.dtype(name)
-    if dtype.hasobject or dtype.fields is not None or dtype.kind == "V":
+    if (dtype.hasobject or dtype.fields is not None or dtype.kind == "V"
+            or dtype.subdtype is not None or dtype.str != name):
         raise ValueError(f"numpy dtype {name!r} is not allowed")
     return dtype
 

@@ -10,9 +10,13 @@ a named point of the commit protocol (see ``PHASES``). Both hooks are process-gl
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import stat
+import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from rayguard.exceptions import CheckpointError
@@ -126,6 +130,25 @@ def pread_exact(fd: int, buf: memoryview, offset: int, path: str) -> None:
         done += got
 
 
+def read_bounded(path: str | os.PathLike[str], max_bytes: int, *, follow: bool = True) -> bytes:
+    """The bytes of the file at ``path``, or its first ``max_bytes + 1`` when it is longer (the
+    caller sees it is too long). Allocates only what the file holds, not ``max_bytes``."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        want = min(os.fstat(fd).st_size, max_bytes) + 1
+        chunks, got = [], 0
+        while got < want:
+            piece = os.read(fd, min(want - got, 64 * 1024 * 1024))
+            if not piece:
+                break
+            chunks.append(piece)
+            got += len(piece)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """fsync a directory so that the names created or renamed in it are durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -135,17 +158,72 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: ``path.tmp`` + fsync + ``os.replace`` + dir fsync."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+"""How rayguard creates every file in a run directory: never through a link planted there."""
+
+
+def create_new(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+    """Open a new file for writing at ``path`` (``O_EXCL|O_NOFOLLOW``). Whatever is already
+    at that name (a stale file, a planted symlink) is unlinked first, never written through."""
     try:
-        write_all(fd, [memoryview(data)], str(tmp), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        return os.open(path, NEW_FILE_FLAGS, mode)
+    except FileExistsError:
+        os.unlink(path)  # removes a link itself, not its target
+        return os.open(path, NEW_FILE_FLAGS, mode)
+
+
+def check_real_dir(path: str | os.PathLike[str], what: str) -> None:
+    """Raise CheckpointError unless ``path`` is a directory and not a symlink."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {path} does not exist") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise CheckpointError(
+            f"{what} {path} is {kind}; refusing to write through it (someone with write "
+            "access to the run directory planted it). Fix: remove it and check who can write "
+            f"to {Path(path).parent}.")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a new randomly named temporary file beside it
+    (``mkstemp``: ``O_EXCL``, never through a link) + fsync + ``os.replace`` + dir fsync."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        try:
+            os.fchmod(fd, 0o644)
+            write_all(fd, [memoryview(data)], tmp, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
+
+
+@contextmanager
+def locked(path: str | os.PathLike[str], timeout_s: float = 30.0) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the lock file ``path`` (created ``O_NOFOLLOW``, never
+    truncated, so a planted link cannot make it clobber anything)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CheckpointError(f"could not lock {path} within {timeout_s} s; another "
+                                          "process holds it") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def io_error(action: str, path: str | os.PathLike[str], exc: OSError) -> CheckpointError:

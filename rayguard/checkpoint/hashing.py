@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from rayguard.checkpoint.fsio import pread_exact
 CHUNK_SIZE_BYTES = 16 * 1024 * 1024
 HASH_SCHEME = "sha256-chunked-16MiB"
 MAX_HASH_THREADS = 16
+IN_FLIGHT_PER_THREAD = 4
+"""Chunks queued per hashing thread (bounds the futures and buffers :func:`hash_files` holds)."""
 
 
 def default_threads() -> int:
@@ -70,7 +73,22 @@ class StreamHasher:
         self._keepalive: list[object] = []
         self._filled = 0
         self._futures: list[Future[bytes]] = []
+        self._prefix: list[bytes] = []
         self.nbytes = 0
+
+    def hash_prefix(self, view: memoryview) -> tuple[str, ...]:
+        """Hash ``view``, the first bytes of the stream, now (on the pool) and return its
+        chunks' hex digests, so a caller can compare them before it interprets the bytes.
+        ``view`` must end on a chunk boundary unless it ends the stream; nothing may have
+        been added before."""
+        if self._futures or self._filled or self._prefix:
+            raise RuntimeError("hash_prefix must come first")
+        size = self._chunk_size
+        futures = [self._pool.submit(_hash_segments, [view[i : i + size]], [])
+                   for i in range(0, view.nbytes, size)]
+        self._prefix = [f.result() for f in futures]
+        self.nbytes += view.nbytes
+        return tuple(d.hex() for d in self._prefix)
 
     def add(self, segment: memoryview, keepalive: object = None) -> None:
         start = 0
@@ -94,7 +112,7 @@ class StreamHasher:
         """Wait for every chunk; returns (file digest, chunk digests in hex)."""
         if self._filled:
             self._submit()
-        raw = [f.result() for f in self._futures]
+        raw = self._prefix + [f.result() for f in self._futures]
         return combine(raw), tuple(d.hex() for d in raw)
 
     def cancel(self) -> None:
@@ -126,38 +144,46 @@ def hash_files(
 ) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
     """Digest several files at once, every chunk of every file in parallel.
 
+    At most ``IN_FLIGHT_PER_THREAD`` chunks per thread are queued at a time (in file order),
+    so the pool's memory does not grow with the checkpoint's size.
     Returns, per path, (file digest, chunk digests) or the error that stopped its read.
     """
-    sizes: list[int | OSError] = []
-    for p in paths:
-        try:
-            sizes.append(p.stat().st_size)
-        except OSError as exc:
-            sizes.append(exc)
-    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-hash") as pool:
-        futures: list[list[Future[bytes]] | OSError] = []
-        for p, size in zip(paths, sizes, strict=True):
-            if isinstance(size, OSError):
-                futures.append(size)
-                continue
-            n = -(-size // chunk_size)
-            futures.append(
-                [
-                    pool.submit(
-                        _hash_file_chunk, str(p), i, min(chunk_size, size - i * chunk_size), chunk_size
-                    )
-                    for i in range(n)
-                ]
-            )
-        out: list[tuple[str, tuple[str, ...]] | OSError | EOFError] = []
-        for fs in futures:
-            if isinstance(fs, OSError):
-                out.append(fs)
-                continue
+    n_threads = threads or default_threads()
+    errors: dict[int, OSError | EOFError] = {}
+    digests: list[list[bytes]] = [[] for _ in paths]
+
+    def tasks() -> Iterator[tuple[int, str, int, int]]:  # (file, path, chunk index, length)
+        for k, p in enumerate(paths):
             try:
-                raw = [f.result() for f in fs]
-            except (OSError, EOFError) as exc:
-                out.append(exc)
+                size = p.stat().st_size
+            except OSError as exc:
+                errors[k] = exc
                 continue
-            out.append((combine(raw), tuple(d.hex() for d in raw)))
-        return out
+            for i in range(-(-size // chunk_size)):
+                yield k, str(p), i, min(chunk_size, size - i * chunk_size)
+
+    window: deque[tuple[int, Future[bytes]]] = deque()
+
+    def settle() -> None:
+        k, future = window.popleft()
+        try:
+            digests[k].append(future.result())
+        except (OSError, EOFError) as exc:
+            errors.setdefault(k, exc)
+
+    with ThreadPoolExecutor(n_threads, thread_name_prefix="rg-hash") as pool:
+        for k, path, i, length in tasks():
+            if k in errors:
+                continue
+            window.append((k, pool.submit(_hash_file_chunk, path, i, length, chunk_size)))
+            if len(window) >= n_threads * IN_FLIGHT_PER_THREAD:
+                settle()
+        while window:
+            settle()
+    out: list[tuple[str, tuple[str, ...]] | OSError | EOFError] = []
+    for k in range(len(paths)):
+        if k in errors:
+            out.append(errors[k])
+        else:
+            out.append((combine(digests[k]), tuple(d.hex() for d in digests[k])))
+    return out

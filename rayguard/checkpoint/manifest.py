@@ -16,6 +16,8 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from rayguard.checkpoint import safejson
+from rayguard.checkpoint.fsio import read_bounded
 from rayguard.checkpoint.hashing import CHUNK_SIZE_BYTES, HASH_SCHEME
 from rayguard.exceptions import CheckpointCorruptError
 
@@ -101,38 +103,61 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def parse_manifest(text: str, where: str) -> Manifest:
-    """Parse and validate a manifest; raises CheckpointCorruptError naming what is wrong."""
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+"""A manifest larger than this is refused unread (a 10 TB checkpoint's is about 45 MB)."""
+MAX_WORLD_SIZE = 1 << 20
+MAX_FILE_BYTES = 1 << 62
+
+
+def parse_manifest(text: str | bytes, where: str) -> Manifest:
+    """Parse and validate a manifest; raises CheckpointCorruptError naming what is wrong (for
+    any input: never another exception)."""
+    doc = safejson.loads(text, f"{where}: manifest is invalid", max_bytes=MAX_MANIFEST_BYTES)
     try:
-        doc = json.loads(text)
         if doc.get("format") != MANIFEST_FORMAT or doc.get("format_version") != MANIFEST_VERSION:
-            raise ValueError(f"format {doc.get('format')!r} version {doc.get('format_version')!r} is not {MANIFEST_FORMAT!r} {MANIFEST_VERSION}")
+            raise ValueError(f"format {str(doc.get('format'))[:40]!r} version "
+                             f"{str(doc.get('format_version'))[:40]!r} is not {MANIFEST_FORMAT!r} {MANIFEST_VERSION}")
         if doc.get("hash") != HASH_SCHEME or doc.get("chunk_size_bytes") != CHUNK_SIZE_BYTES:
-            raise ValueError(f"hash scheme {doc.get('hash')!r} is not {HASH_SCHEME!r}")
-        files = tuple(_file_record(f) for f in doc["files"])
+            raise ValueError(f"hash scheme {str(doc.get('hash'))[:40]!r} is not {HASH_SCHEME!r}")
+        entries = doc["files"]
+        if not isinstance(entries, list):
+            raise ValueError(f"files is a {type(entries).__name__}, not a list")
+        files = tuple(_file_record(f) for f in entries)
+        step = doc["step"]
         manifest = Manifest(
-            world_size=int(doc["world_size"]),
-            step=None if doc["step"] is None else int(doc["step"]),
+            world_size=safejson.int_field(doc["world_size"], "world_size", 1, MAX_WORLD_SIZE),
+            step=None if step is None else safejson.int_field(step, "step", -safejson.INT64_MAX),
             files=files,
-            created_unix=float(doc["created_unix"]),
-            versions=dict(doc.get("versions", {})),
-            metadata=dict(doc.get("metadata", {})),
+            created_unix=safejson.float_field(doc["created_unix"], "created_unix"),
+            versions=_dict_field(doc.get("versions", {}), "versions"),
+            metadata=_dict_field(doc.get("metadata", {}), "metadata"),
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointCorruptError(f"{where}: manifest is invalid ({exc})") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointCorruptError(f"{where}: manifest is invalid ({str(exc)[:300]})") from None
     _check_consistency(manifest, doc.get("ranks"), where)
     return manifest
 
 
-def _file_record(f: dict[str, Any]) -> FileRecord:
+def _dict_field(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} is a {type(value).__name__}, not an object")
+    return dict(value)
+
+
+def _file_record(f: Any) -> FileRecord:
+    if not isinstance(f, dict):
+        raise ValueError(f"a file entry is a {type(f).__name__}, not an object")
     if not isinstance(f["path"], str) or not isinstance(f["digest"], str):
-        raise ValueError(f"file entry {f!r} has a non-string path or digest")
+        raise ValueError(f"file entry {str(f)[:200]} has a non-string path or digest")
+    chunks = f.get("chunk_digests", [])
+    if not isinstance(chunks, list) or not all(isinstance(d, str) for d in chunks):
+        raise ValueError(f"file {f['path'][:200]!r}: chunk_digests is not a list of strings")
     return FileRecord(
         path=f["path"],
-        rank=int(f["rank"]),
-        size_bytes=int(f["size_bytes"]),
+        rank=safejson.int_field(f["rank"], "rank", 0, MAX_WORLD_SIZE),
+        size_bytes=safejson.int_field(f["size_bytes"], "size_bytes", 0, MAX_FILE_BYTES),
         digest=f["digest"],
-        chunk_digests=tuple(str(d) for d in f.get("chunk_digests", ())),
+        chunk_digests=tuple(chunks),
     )
 
 
@@ -192,13 +217,13 @@ def read_manifest(checkpoint_dir: Path) -> Manifest:
     """Read and validate ``checkpoint_dir``'s manifest (raises CheckpointCorruptError)."""
     path = Path(checkpoint_dir) / MANIFEST_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise CheckpointCorruptError(
             f"{checkpoint_dir}: no {MANIFEST_NAME}; the save never committed (crash or disk "
             "error during the save) or this is not a rayguard checkpoint"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise CheckpointCorruptError(f"{path}: unreadable manifest ({exc})") from None
     manifest = parse_manifest(text, str(path))
     for f in manifest.files:

@@ -59,6 +59,9 @@ def load_snapshot(files: Mapping[str, Any], manifest: Manifest, rank: int, where
     Raises CheckpointCorruptError when the files are not exactly the manifest's (a file
     missing or extra, a size or a sha256 that differs)."""
     records = manifest.shard_files_of(rank)
+    if not isinstance(files, Mapping) or not all(isinstance(k, str) for k in files):
+        raise CheckpointCorruptError(f"{where}: memory copy of rank {rank} is a "
+                                     f"{type(files).__name__}, not a mapping of file names")
     if sorted(files) != sorted(r.path for r in records) or len(records) != 1:
         raise CheckpointCorruptError(
             f"{where}: memory copy of rank {rank} holds {sorted(files)}, the manifest lists "

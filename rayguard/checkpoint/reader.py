@@ -18,7 +18,7 @@ import torch
 
 from rayguard.checkpoint import format as fmt
 from rayguard.checkpoint.fsio import read_exact
-from rayguard.checkpoint.hashing import StreamHasher, default_threads
+from rayguard.checkpoint.hashing import CHUNK_SIZE_BYTES, StreamHasher, default_threads
 from rayguard.checkpoint.manifest import FileRecord, Manifest, read_manifest, resolve_inside
 from rayguard.checkpoint.verify import describe_digest_mismatch
 from rayguard.exceptions import CheckpointCorruptError, CheckpointError
@@ -79,7 +79,7 @@ def read_shard_file(path: Path, record: FileRecord | None, *, threads: int | Non
         size = os.fstat(fd).st_size
         _check_size(size, record, str(path), " (truncated or overwritten after the save)")
         structure, objects = _hashed(record, str(path), threads,
-                                     lambda hasher: _read_payload(fd, path, size, hasher))
+                                     lambda hasher: _read_payload(fd, path, size, hasher, record))
     except (OSError, EOFError) as exc:
         raise CheckpointCorruptError(f"{path}: could not read the shard ({exc})") from None
     finally:
@@ -115,29 +115,70 @@ def _hashed(record: FileRecord | None, where: str, threads: int | None,
 def _decode(structure: Any, objects: list[Any], where: str) -> Any:
     try:
         return fmt.decode(structure, objects)
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise CheckpointCorruptError(f"{where}: shard structure is invalid ({exc})") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError,
+            OverflowError, RecursionError) as exc:
+        raise CheckpointCorruptError(f"{where}: shard structure is invalid ({type(exc).__name__}: "
+                                     f"{str(exc)[:300]})") from None
 
 
-def _read_payload(fd: int, path: Path, size: int, hasher: StreamHasher | None) -> tuple[Any, list[Any]]:
+def _header_length(prefix: bytes | bytearray | memoryview, size: int, where: str) -> int:
+    n = int.from_bytes(prefix, "little") if size >= 8 else -1
+    if n < 0 or n > fmt.MAX_HEADER_BYTES or 8 + n > size:
+        raise CheckpointCorruptError(f"{where}: shard header length {n} is impossible for a {size}-byte file (corrupt)")
+    return n
+
+
+def _head_end(header_end: int, size: int, hasher: StreamHasher | None) -> int:
+    """Where the first read stops: the header's end, or (when hashing) the end of the chunk
+    holding it, so the header's chunks are compared before it is parsed."""
+    if hasher is None:
+        return header_end
+    return min(size, -(-header_end // CHUNK_SIZE_BYTES) * CHUNK_SIZE_BYTES)
+
+
+def _check_head(hasher: StreamHasher | None, head: memoryview, record: FileRecord | None,
+                where: str) -> None:
+    """Compare the chunks holding the header with the manifest before the header is parsed
+    (a forged header costs its size in memory, not the many times that of parsing it)."""
+    if hasher is None or record is None:
+        return
+    got = hasher.hash_prefix(head)
+    n_chunks = -(-record.size_bytes // CHUNK_SIZE_BYTES)
+    if len(record.chunk_digests) != n_chunks:
+        raise CheckpointCorruptError(
+            f"{where}: the manifest lists {len(record.chunk_digests)} chunk digests for a file "
+            f"of {n_chunks} chunks (the manifest is corrupt)")
+    if tuple(record.chunk_digests[: len(got)]) != got:
+        mismatch = describe_digest_mismatch(record, "", got)
+        raise CheckpointCorruptError(f"{where}: {mismatch}, in the chunks holding the shard "
+                                     "header (not parsed)")
+
+
+def _read_payload(fd: int, path: Path, size: int, hasher: StreamHasher | None,
+                  record: FileRecord | None) -> tuple[Any, list[Any]]:
     prefix = bytearray(8)
     read_exact(fd, [memoryview(prefix)], str(path))
-    n = int.from_bytes(prefix, "little")
-    if n > fmt.MAX_HEADER_BYTES or 8 + n > size:
-        raise CheckpointCorruptError(f"{path}: shard header length {n} is impossible for a {size}-byte file (corrupt)")
-    header = bytearray(n)
-    read_exact(fd, [memoryview(header)], str(path))
-    if hasher is not None:
-        hasher.add(memoryview(prefix), prefix)
-        hasher.add(memoryview(header), header)
-    structure, entries, _ = fmt.parse_header(bytes(header), size, str(path))
+    n = _header_length(prefix, size, str(path))
+    head_end = _head_end(8 + n, size, hasher)
+    head = bytearray(head_end)
+    head[:8] = prefix
+    read_exact(fd, [memoryview(head)[8:]], str(path))
+    _check_head(hasher, memoryview(head), record, str(path))
+    structure, entries, _ = fmt.parse_header(bytes(head[8 : 8 + n]), size, str(path))
     objects: list[Any] = []
     small: list[tuple[memoryview, object]] = []
+    pos = 8 + n
     for entry in entries:
-        obj, view = fmt.allocate(entry)
+        obj, view = _allocate(entry, str(path))
         objects.append(obj)
+        in_head = max(0, min(view.nbytes, head_end - pos))  # read and hashed with the header
+        if in_head:
+            view[:in_head] = head[pos : pos + in_head]
+        pos += view.nbytes
+        view = view[in_head:]
         if view.nbytes < SMALL_BUFFER_BYTES:
-            small.append((view, obj))
+            if view.nbytes:
+                small.append((view, obj))
             if len(small) >= 1024:
                 _read_small(fd, path, small, hasher)
             continue
@@ -149,6 +190,14 @@ def _read_payload(fd: int, path: Path, size: int, hasher: StreamHasher | None) -
                 hasher.add(piece, obj)
     _read_small(fd, path, small, hasher)
     return structure, objects
+
+
+def _allocate(entry: fmt.Entry, where: str) -> tuple[Any, memoryview]:
+    try:
+        return fmt.allocate(entry)
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+        raise CheckpointCorruptError(f"{where}: cannot allocate tensor of dtype {entry.dtype} "
+                                     f"and shape {entry.shape} ({str(exc)[:200]})") from None
 
 
 def _read_small(fd: int, path: Path, small: list[tuple[memoryview, object]], hasher: StreamHasher | None) -> None:
@@ -175,28 +224,32 @@ def _to_device(state: Any, device: torch.device) -> Any:
 def read_shard_bytes(data: Any, record: FileRecord | None, where: str, *,
                      threads: int | None = None) -> Any:
     """Load one shard from memory (``data``: bytes or a uint8 buffer holding the whole file),
-    with the same checks and the same decoder as :func:`read_shard_file`: every byte is hashed
-    (against ``record`` unless it is None) while it is copied into freshly allocated tensors,
-    so the state returned never shares memory with ``data``. Raises CheckpointCorruptError."""
-    buf = memoryview(data).cast("B")
+    with the same checks and the same decoder as :func:`read_shard_file`: the chunks holding
+    the header are compared with ``record`` before it is parsed, and every other byte is
+    hashed (against ``record`` unless it is None) while it is copied into freshly allocated
+    tensors, so the state returned never shares memory with ``data``. Raises
+    CheckpointCorruptError for any bytes that are not the manifest's shard."""
+    try:
+        buf = memoryview(data).cast("B")
+    except (TypeError, ValueError) as exc:
+        raise CheckpointCorruptError(f"{where}: not a byte buffer ({exc})") from None
     size = buf.nbytes
     _check_size(size, record, where)
-    n = int.from_bytes(buf[:8], "little") if size >= 8 else -1
-    if n < 0 or n > fmt.MAX_HEADER_BYTES or 8 + n > size:
-        raise CheckpointCorruptError(f"{where}: shard header length {n} is impossible for a {size}-byte buffer (corrupt)")
+    n = _header_length(buf[:8], size, where)
 
     def fill(hasher: StreamHasher | None) -> tuple[Any, list[Any]]:
-        if hasher is not None:
-            hasher.add(buf[: 8 + n])
+        head_end = _head_end(8 + n, size, hasher)
+        _check_head(hasher, buf[:head_end], record, where)
         structure, entries, offset = fmt.parse_header(bytes(buf[8 : 8 + n]), size, where)
         objects: list[Any] = []
         for entry in entries:
-            obj, view = fmt.allocate(entry)
+            obj, view = _allocate(entry, where)
             view[:] = buf[offset : offset + entry.nbytes]
+            in_head = max(0, min(entry.nbytes, head_end - offset))
             offset += entry.nbytes
             objects.append(obj)
-            if hasher is not None:
-                hasher.add(view, obj)
+            if hasher is not None and view.nbytes > in_head:
+                hasher.add(view[in_head:], obj)
         return structure, objects
 
     structure, objects = _hashed(record, where, threads, fill)

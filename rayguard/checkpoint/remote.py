@@ -14,7 +14,6 @@ Paths here are paths on ``fs`` (``Result.path`` style), never local paths.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -25,8 +24,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from rayguard.checkpoint import safejson
 from rayguard.checkpoint.manifest import (
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     Manifest,
     ShardRecord,
     check_relative_path,
@@ -102,12 +103,12 @@ def list_remote(root: str, fs: pafs.FileSystem) -> list[RemoteCandidate]:
         step, source = None, None
         if manifest.type == pafs.FileType.File:
             try:
-                with fs.open_input_stream(manifest.path) as f:
-                    doc = json.loads(f.read().decode("utf-8"))
-                step = doc.get("step")
+                doc = safejson.loads(_manifest_text(info.path, fs), manifest.path,
+                                     max_bytes=MAX_MANIFEST_BYTES)
+                step = safejson.int_field(doc.get("step"), "step", -safejson.INT64_MAX)
                 meta = doc.get("metadata")
                 source = meta.get("source") if isinstance(meta, dict) else None
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, CheckpointCorruptError):
                 step = None
         mtime = manifest.mtime.timestamp() if manifest.mtime else 0.0
         out.append(RemoteCandidate(info.path, step if isinstance(step, int) else None, mtime,
@@ -116,9 +117,15 @@ def list_remote(root: str, fs: pafs.FileSystem) -> list[RemoteCandidate]:
 
 
 def _manifest_text(remote_dir: str, fs: pafs.FileSystem) -> str:
+    path = _join(remote_dir, MANIFEST_NAME)
     try:
-        with fs.open_input_stream(_join(remote_dir, MANIFEST_NAME)) as f:
-            return f.read().decode("utf-8")
+        size = fs.get_file_info(path).size
+        if size is not None and size > MAX_MANIFEST_BYTES:
+            raise CheckpointCorruptError(f"{path}: {size} bytes, over the {MAX_MANIFEST_BYTES}-"
+                                         "byte manifest limit; refusing to read it")
+        with fs.open_input_stream(path) as f:
+            data = f.read() if size is not None else f.read(MAX_MANIFEST_BYTES + 1)
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointCorruptError(f"{remote_dir}: {MANIFEST_NAME}: unreadable ({exc})") from None
 

@@ -18,7 +18,6 @@ mistakes a framework's files for its own state (:func:`is_reported`). No Ray, no
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -127,11 +126,15 @@ def is_reported(manifest_json: dict[str, Any]) -> bool:
 
 def read_source(directory: str | os.PathLike[str]) -> str | None:
     """``metadata["source"]`` of ``directory``'s manifest (``None``: none, or unreadable)."""
+    from rayguard.checkpoint import safejson
+    from rayguard.checkpoint.manifest import MAX_MANIFEST_BYTES
+
+    path = Path(directory) / MANIFEST_NAME
     try:
-        doc = json.loads((Path(directory) / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = safejson.read_file(path, str(path), max_bytes=MAX_MANIFEST_BYTES)
+    except (OSError, CheckpointError):
         return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
+    if not isinstance(doc.get("metadata"), dict):
         return None
     source = doc["metadata"].get(SOURCE_KEY)
     return source if isinstance(source, str) else None

@@ -103,11 +103,15 @@ def verify(
                 and (paths is None or record.path in paths)):
             to_hash.append((record, path))
     results = hash_files([p for _, p in to_hash], threads=threads) if to_hash else []
+    verified = set()
     for (record, _), result in zip(to_hash, results, strict=True):
         if isinstance(result, BaseException):
             problems.append(Problem(record.path, f"unreadable ({result})"))
         elif result[0] != record.digest:
             problems.append(Problem(record.path, describe_digest_mismatch(record, *result)))
+        else:
+            verified.add(record.path)
+    problems += _check_sharded_part(root, manifest, verified)
     return VerifyReport(
         str(root),
         tuple(problems),
@@ -115,6 +119,19 @@ def verify(
         files_hashed=len(to_hash),
         bytes_hashed=sum(r.size_bytes for r, _ in to_hash),
     )
+
+
+def _check_sharded_part(root: Path, manifest: Manifest, verified: set[str]) -> list[Problem]:
+    """For a checkpoint with a DCP part whose ``.metadata`` this call hashed: what
+    :func:`~rayguard.checkpoint.dcp_safe.check_dcp` finds (metadata or non-tensor values that
+    would run code when loaded, storage entries outside the manifest's files)."""
+    from rayguard.checkpoint.sharded import DCP_DIR, DCP_METADATA
+
+    if f"{DCP_DIR}/{DCP_METADATA}" not in verified:
+        return []
+    from rayguard.checkpoint.dcp_safe import check_dcp  # imports torch
+
+    return [Problem(file, what) for file, what in check_dcp(root, manifest)]
 
 
 def _check_file(root: Path, record: FileRecord, problems: list[Problem]) -> Path | None:

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from rayguard.checkpoint import format as fmt
-from rayguard.checkpoint.fsio import fsync_dir, io_error, phase, write_all
+from rayguard.checkpoint.fsio import (
+    check_real_dir,
+    create_new,
+    fsync_dir,
+    io_error,
+    phase,
+    write_all,
+)
 from rayguard.checkpoint.hashing import StreamHasher, default_threads
 from rayguard.checkpoint.manifest import FileRecord, ShardRecord
 
@@ -68,6 +75,10 @@ def write_shard(
     header = fmt.build_header(structure, entries)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise io_error("write", path, exc) from exc
+    check_real_dir(directory, "checkpoint directory")
+    try:
         size, digest, chunks = _write_file(path, header, entries, threads)
     except OSError as exc:
         _remove_quietly(path)
@@ -81,7 +92,7 @@ def write_shard(
 def _write_file(
     path: Path, header: bytes, entries: list[fmt.Entry], threads: int | None
 ) -> tuple[int, str, tuple[str, ...]]:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = create_new(path)
     with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
         hasher = StreamHasher(pool)
         try:

@@ -14,24 +14,27 @@ def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str
 
     ``cause`` is a short label (``injected kill``, ``stall``, ``nan``, ``died``, ``error``);
     ``marked`` is what the worker left with the coordinator before it went (an injected
-    fault, or rayguard's watchdog killing it)."""
+    fault, or rayguard's watchdog killing it). A NaN the guard detected reads as ``nan``
+    even when the NaN was injected (the reason says so): the guard is what stopped it."""
+    from rayguard.exceptions import NonFiniteMetricError
+
     error = unwrap_worker_error(error)
     details = f"{type(error).__name__}: {error}"
     lines = [line for line in str(error).splitlines() if line.strip()]
     first = lines[0].strip() if lines else ""
     died = hasattr(error, "health_check_failure") or type(error).__name__ in (
         "RayActorError", "ActorDiedError", "ActorUnavailableError")
-    if marked and marked.startswith("injected"):
+    if isinstance(error, NonFiniteMetricError):
+        injected = " (the NaN was injected: RAYGUARD_FAULTS)" if marked == "injected nan" else ""
+        cause, reason = "nan", f"{type(error).__name__}: {first[:300]}{injected}"
+    elif marked and marked.startswith("injected"):
         cause, reason = marked, f"{marked} (RAYGUARD_FAULTS)"
     elif marked and marked.startswith("killed by rayguard"):
         cause, reason = marked.rsplit(": ", 1)[-1], f"{marked} (see the stall_detected event)"
     elif died:
         cause, reason = "died", f"worker process died ({type(error).__name__}: {first[:200]})"
     else:
-        from rayguard.exceptions import NonFiniteMetricError
-
-        cause = "nan" if isinstance(error, NonFiniteMetricError) else "error"
-        reason = f"{type(error).__name__}: {first[:300]}"
+        cause, reason = "error", f"{type(error).__name__}: {first[:300]}"
     return cause, reason, details[:20000]
 
 

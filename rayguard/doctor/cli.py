@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from rayguard.connect import DEFAULT_CONNECT_TIMEOUT_S, ClusterUnavailableError, Notify
+from rayguard.inert import inert, inert_lines
 
 EXIT_OK, EXIT_ERRORS, EXIT_UNAVAILABLE = 0, 1, 2
 LOCAL_HINT = "pass --address none to check only this machine"
@@ -52,7 +53,8 @@ def doctor_in_child(notify: Notify, *, address: str, storage_path: str | None,
     if target is None:
         return run(address, storage_path=storage_path, env=env, timeout_s=timeout_s).to_dict()
     notify("connecting", address=target)
-    init_ray(target, found_automatically=address == "auto")
+    init_ray(target, found_automatically=address == "auto", notify=notify,
+             command="rayguard doctor")
     notify("connected")
     try:
         return run(target, storage_path=storage_path, env=env, timeout_s=timeout_s).to_dict()
@@ -89,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"version": 1, "ok": None, "error": message, "reason": "usage"}))
             else:
-                print(message, file=sys.stderr)
+                print(inert(message), file=sys.stderr)
             return EXIT_UNAVAILABLE
         env[name] = value
     try:
@@ -98,11 +100,12 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"version": 1, "ok": None, "error": str(exc), "reason": exc.kind}))
         else:
-            print(str(exc), file=sys.stderr)
+            print(inert_lines(str(exc)), file=sys.stderr)
         return EXIT_UNAVAILABLE
     # The real wall time of the command: imports, helper process and connect included.
     from rayguard.connect import process_elapsed_s
 
     report.duration_s = process_elapsed_s() or time.monotonic() - started
-    print(report.to_json() if args.json else report.format_table())
+    # node values (variables, paths) come from other machines: printed inert
+    print(report.to_json() if args.json else inert_lines(report.format_table()))
     return report.exit_code

@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rayguard.exceptions import config_error
+from rayguard.exceptions import config_error, strict_fields
 from rayguard.health.sweep_config import Mode, check_sweep_fields, sweep_fields_set
 
 NanPolicy = Literal["restart", "fail"]
 
 
+@strict_fields
 @dataclass(frozen=True)
 class HealthConfig:
     """Health checks of a training run (``GuardConfig(health=...)``) or a sweep
@@ -43,7 +44,10 @@ class HealthConfig:
     are)."""
 
     watch_metrics: tuple[str, ...] = ("loss", "train_loss", "eval_loss")
-    """Reported metrics that must stay finite (NaN/inf triggers ``nan_policy``)."""
+    """Reported metrics that must stay finite (NaN/inf triggers ``nan_policy``), in
+    ``rayguard.train.report`` and ``ray.train.report`` alike. The default covers the names
+    Transformers' ``Trainer`` logs (``loss``, ``train_loss``, ``eval_loss``) and the usual
+    Lightning ones; add your own logged names (``"val_loss"``). ``()``: no NaN check."""
 
     nan_policy: NanPolicy = "restart"
     """On NaN/inf: ``"restart"`` from the last verified checkpoint before the bad value, or

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from rayguard.exceptions import config_error
+from rayguard.exceptions import config_error, strict_fields
 
 Mode = Literal["min", "max"]
 
 
+@strict_fields
 @dataclass(frozen=True)
 class SweepHealthConfig:
     """Series checks of a sweep (``rayguard.tune.run(sweep_health=...)``); each check judges

@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Any
 
-from rayguard.observe.log import follow, locate, read_log
+from rayguard.inert import inert
+from rayguard.observe.log import follow, iter_events, locate
 from rayguard.observe.table import Filter, format_event, header
 
 
@@ -45,15 +46,16 @@ def add_events_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_events(args: argparse.Namespace) -> int:
     try:
         source = locate(args.run_dir)
-    except FileNotFoundError as exc:
-        print(f"rayguard events: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # ValueError: pyarrow's for a URI it cannot open
+        print(f"rayguard events: {inert(exc)}", file=sys.stderr)
         return 2
     keep = Filter(kinds=tuple(args.kind), rank=args.rank)
     if not args.json:
         print(header(sweep=source.kind == "sweep"))
     t0: float | None = None
     try:
-        events = follow(source, poll_s=args.poll_s) if args.follow else iter(read_log(source).events)
+        # streamed in file order: memory stays bounded however long the log
+        events = follow(source, poll_s=args.poll_s) if args.follow else iter_events(source)
         for event in events:
             if t0 is None and isinstance(event.get("time"), (int, float)):
                 t0 = float(event["time"])
@@ -63,6 +65,9 @@ def cmd_events(args: argparse.Namespace) -> int:
         return 0
     except BrokenPipeError:  # `rayguard events ... | head`
         return 0
+    except OSError as exc:  # the log unreadable (a directory, no permission)
+        print(f"rayguard events: cannot read {inert(source.path)}: {inert(exc)}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -72,17 +77,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     def fail(exc: Exception, code: int) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"ok": False, "error": str(exc)}))
-        print(f"rayguard report: {exc}", file=sys.stderr)
+        print(f"rayguard report: {inert(exc)}", file=sys.stderr)
         return code
 
     try:
         path = write_report(args.run_dir, args.output, metric=args.metric)
-    except FileNotFoundError as exc:
+    except (OSError, ValueError) as exc:  # not found, unreadable, a URI pyarrow cannot open
         return fail(exc, 2)
     except ReportDependencyError as exc:
         return fail(exc, 3)
     print(json.dumps({"ok": True, "path": str(path)}) if getattr(args, "json", False)
-          else f"wrote {path}")
+          else f"wrote {inert(path)}")
     return 0
 
 

@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from rayguard.events import json_safe
 from rayguard.exceptions import RayGuardError
 from rayguard.observe.log import locate, read_log
 from rayguard.observe.timeline import build_run, build_sweep
@@ -140,7 +141,7 @@ def _band(x0: float, x1: float, color: str, opacity: float) -> list[dict[str, An
 def _restart_label(r: dict[str, Any]) -> str:
     cost = f", {r['cost_s']:.1f} s" if r.get("cost_s") is not None else ""
     back = f", back to step {r['restored_step']}" if r.get("restored_step") is not None else ""
-    return f"{r['cause']}{cost}{back}"
+    return html.escape(f"{r['cause']}{cost}{back}")
 
 
 def metric_figure(data: dict[str, Any]) -> Any:
@@ -154,11 +155,11 @@ def metric_figure(data: dict[str, Any]) -> Any:
     for r in data["restarts"]:
         if r.get("restored_step") is not None:
             fig.add_vline(x=r["restored_step"], line_dash="dash", line_color="#d62728",
-                          annotation_text=f"restart ({r['cause']}): back to step "
-                          f"{r['restored_step']}, {r['replayed_steps']} step(s) replayed",
+                          annotation_text=html.escape(f"restart ({r['cause']}): back to step "
+                          f"{r['restored_step']}, {r['replayed_steps']} step(s) replayed"),
                           annotation_position="top left")
     fig.update_layout(height=360, margin={"l": 60, "r": 20, "t": 30, "b": 40},
-                      xaxis_title="step", yaxis_title=metric["name"])
+                      xaxis_title="step", yaxis_title=html.escape(str(metric["name"])))
     return fig
 
 
@@ -239,7 +240,7 @@ window.addEventListener("load", function () {
 
 def render(data: dict[str, Any]) -> str:
     """The whole page (plotly.js inlined once)."""
-    payload = json.dumps(data, default=str, allow_nan=False).replace("</", "<\\/")
+    payload = data_json(data)
     title = "rayguard sweep report" if data["kind"] == "sweep" else "rayguard run report"
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>",
              f"<style>{_STYLE}</style>", _PROBE % TIMELINE_ELEMENT_ID, "</head><body>",
@@ -277,13 +278,21 @@ def _sweep_body(data: dict[str, Any]) -> str:
         verdicts = "; ".join(html.escape(f"{v['check']}: {v['detail']}") for v in t["verdicts"])
         rows.append([html.escape(t["trial_id"]), html.escape(t["state"]), str(t["restarts"]),
                      verdicts or "healthy"])
-    fig = go.Figure(go.Bar(x=[t["trial_id"] for t in data["trials"]],
+    fig = go.Figure(go.Bar(x=[html.escape(t["trial_id"]) for t in data["trials"]],
                            y=[t["restarts"] for t in data["trials"]], name="restarts"))
     fig.update_layout(height=300, yaxis_title="health restarts", margin={"t": 20})
     chart = fig.to_html(full_html=False, include_plotlyjs=True, div_id=TIMELINE_ELEMENT_ID)
     return "\n".join([f"<p>{len(data['trials'])} trial(s), {data['wall_s']:.1f} s</p>",
                       _table(["trial", "state", "restarts", "health verdicts"], rows, "trials"),
                       chart])
+
+
+def data_json(data: dict[str, Any]) -> str:
+    """The data as JSON that cannot end or change the ``<script>`` element holding it:
+    every ``<``, ``>`` and ``&`` is a ``\\u`` escape (a detail holding ``</script>`` or
+    ``<!--<script>`` stays text); non-finite numbers become strings."""
+    text = json.dumps(json_safe(data), default=str, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def embedded_data(page: str) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """The event log as a readable table (``rayguard events``): time since start, attempt, rank,
-node, step, kind and a one-line detail."""
+node, step, kind and a one-line detail. Every cell is made inert (:mod:`rayguard.inert`):
+a crafted detail cannot steer the terminal."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from rayguard.inert import inert
 
 COLUMNS = ("+time", "attempt", "rank", "node", "step", "kind", "detail")
 _NODE_CHARS = 8
@@ -68,12 +71,13 @@ def header(sweep: bool = False) -> str:
 
 def _format(cells: tuple[str, ...]) -> str:
     widths = (10, 7, 6, _NODE_CHARS, 7, 20)
+    safe = [inert(c) for c in cells]
     parts = [c.rjust(w) if i in (0, 1, 2, 4) else c.ljust(w)
-             for i, (c, w) in enumerate(zip(cells[:-1], widths, strict=True))]
-    return "  ".join(parts + [cells[-1]])
+             for i, (c, w) in enumerate(zip(safe[:-1], widths, strict=True))]
+    return "  ".join(parts + [safe[-1]])
 
 
 def format_event(event: dict[str, Any], t0: float, as_json: bool = False) -> str:
     if as_json:
-        return json.dumps(event, default=str, sort_keys=True)
+        return json.dumps(event, default=str, sort_keys=True)  # ASCII: escapes are inert
     return _format(row(event, t0))

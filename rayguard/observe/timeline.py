@@ -36,6 +36,11 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _number(value: Any) -> float | None:
+    """A number field of a record, or None when the record holds something else there."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def build_run(events: list[dict[str, Any]], metric: str | None = None) -> dict[str, Any]:
     """The report's data for a run's events (oldest first; unknown kinds are ignored)."""
     if not events:
@@ -49,7 +54,8 @@ def build_run(events: list[dict[str, Any]], metric: str | None = None) -> dict[s
         if a is not None:
             by_attempt[a].append(e)
     steps = [e for e in events if e.get("kind") == "steps"]
-    metric = metric or next((e.get("metric") for e in steps if e.get("metric")), None) or "loss"
+    metric = metric or next((e["metric"] for e in steps
+                             if isinstance(e.get("metric"), str) and e["metric"]), None) or "loss"
     attempts = _attempts(events, by_attempt, t0)
     restarts = _restarts(events, by_attempt, steps, t0)
     checkpoints = _checkpoints(events, t0)
@@ -126,7 +132,8 @@ def _restarts(events, by_attempt, steps, t0) -> list[dict[str, Any]]:
         failure_t = _t(failures[0]) if failures else _t(e)
         nxt = by_attempt.get(a + 1, []) if a is not None else []
         first_steps = [s for s in nxt if s.get("kind") == "steps"]
-        resumed = (first_steps[0].get("first_time") or _t(first_steps[0])) if first_steps else None
+        resumed = (_number(first_steps[0].get("first_time")) or _t(first_steps[0])
+                   if first_steps else None)
         restored = next((r for r in nxt if r.get("kind") == "restored"), None)
         restored_step = _int(restored.get("step")) if restored else None
         reached = _reached(failed)
@@ -142,7 +149,7 @@ def _restarts(events, by_attempt, steps, t0) -> list[dict[str, Any]]:
         detection = stall.get("timeout_s") if stall else None
         out.append({
             "attempt": a, "time": _t(e) - t0, "failure_time": failure_t - t0,
-            "cause": e.get("cause") or failure_cause(failed),
+            "cause": str(e.get("cause") or failure_cause(failed)),
             "resumed_time": None if resumed is None else float(resumed) - t0,
             "cost_s": None if resumed is None else max(float(resumed) - failure_t, 0.0),
             "detection_s": float(detection) if isinstance(detection, (int, float)) else 0.0,
@@ -166,10 +173,10 @@ def _checkpoints(events, t0) -> list[dict[str, Any]]:
             s = "fallback"
         out.append({"time": _t(e) - t0, "status": s, "step": _int(e.get("step")),
                     "attempt": _int(e.get("attempt")), "path": e.get("path"),
-                    "bytes": e.get("bytes"), "seconds": e.get("seconds"),
+                    "bytes": _int(e.get("bytes")), "seconds": _number(e.get("seconds")),
                     # async checkpoints: the loop was blocked only for blocked_s
-                    "blocked_s": e.get("blocked_s", e.get("seconds")),
-                    "backpressure_s": e.get("backpressure_s", 0.0),
+                    "blocked_s": _number(e.get("blocked_s", e.get("seconds"))),
+                    "backpressure_s": _number(e.get("backpressure_s", 0.0)),
                     "detail": one_line(e.get("detail"))})
     return out
 
@@ -228,15 +235,15 @@ def _metric(steps, name) -> dict[str, Any]:
     for a, pts in sorted(series.items()):
         kept = thin(pts, max(200, MAX_POINTS * len(pts) // total))
         out.append({"attempt": a, "points": [
-            [p[0], p[1] if isinstance(p[1], (int, float)) else None] for p in kept
-            if isinstance(p, (list, tuple)) and len(p) == 2]})
+            [p[0], _number(p[1])] for p in kept
+            if isinstance(p, (list, tuple)) and len(p) == 2 and _number(p[0]) is not None]})
     return {"name": name, "series": out}
 
 
 def _summary(events, data, steps, t0) -> dict[str, Any]:
-    step_means = [s["step_time_sum_s"] / s["intervals"] for s in steps
-                  if isinstance(s.get("intervals"), int) and s["intervals"] > 0
-                  and isinstance(s.get("step_time_sum_s"), (int, float))]
+    step_means = [float(s["step_time_sum_s"]) / s["intervals"] for s in steps
+                  if _int(s.get("intervals")) is not None and s["intervals"] > 0
+                  and _number(s.get("step_time_sum_s")) is not None]
     mean_step = statistics.fmean(step_means) if step_means else 0.0
     restarts = data["restarts"]
     replayed = sum(r["replayed_steps"] for r in restarts)

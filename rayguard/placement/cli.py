@@ -17,6 +17,7 @@ from rayguard.connect import (
     init_ray,
 )
 from rayguard.exceptions import ConfigError
+from rayguard.inert import inert, inert_lines
 from rayguard.placement.numa import NodePlan, WorkerRequest, plan_node
 from rayguard.placement.topology import (
     Topology,
@@ -107,7 +108,8 @@ def topologies_in_child(notify: Notify, *, address: str, timeout_s: float) -> li
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     notify("connecting", address=address)
-    init_ray(address, found_automatically=address == "auto")
+    init_ray(address, found_automatically=address == "auto", notify=notify,
+             command="rayguard topology")
     notify("connected")
     try:
         @ray.remote(num_cpus=0)
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"error": str(exc), "reason": exc.kind}))
         else:
-            print(str(exc), file=sys.stderr)
+            print(inert_lines(str(exc)), file=sys.stderr)
         return 2
     if args.json:
         out = [{"topology": t.to_dict(),
@@ -157,5 +159,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out if args.address else out[0], indent=2))
     else:
         for t, p in zip(topologies, plans, strict=True):
-            print("\n".join(_node_text(t, p)))
+            print("\n".join(inert(line) for line in _node_text(t, p)))  # other nodes' text
     return 0

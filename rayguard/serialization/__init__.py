@@ -4,7 +4,8 @@ See docs/serialization.md. Register in the driver *and* in every worker process:
 
     from rayguard.serialization import register_tensor_serializers
     register_tensor_serializers()
-    ray.init(runtime_env={"worker_process_setup_hook":
+    ray.init(address="local",  # or your cluster's address
+             runtime_env={"worker_process_setup_hook":
                           "rayguard.serialization.register_tensor_serializers"})
 """
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rayguard.constants import SERIALIZERS_CUDA_ENV_VAR
-from rayguard.exceptions import SerializationError, config_error
+from rayguard.exceptions import SerializationError, config_error, strict_fields
 
 CudaPolicy = Literal["receiver", "cpu"]
 CUDA_POLICIES: tuple[str, ...] = ("receiver", "cpu")
@@ -24,6 +24,7 @@ CUDA_POLICY_ENV_VAR = SERIALIZERS_CUDA_ENV_VAR
 DEFAULT_COW_MIN_BYTES = 4 * 1024**2
 
 
+@strict_fields
 @dataclass(frozen=True)
 class SerializerPolicy:
     """How this process rebuilds tensors it receives."""

@@ -36,10 +36,11 @@ class FaultInjector:
 
     def __init__(self, faults: tuple[Fault, ...], *, rank: int, attempt: int,
                  claim: Callable[[str], bool] | None = None,
-                 on_fire: Callable[[Fault], None] | None = None) -> None:
+                 on_fire: Callable[[Fault, int | None], None] | None = None) -> None:
         self.faults = faults
         self.on_fire = on_fire
-        """Called just before a fault fires (the session records it in the event log)."""
+        """Called just before a fault fires, with the fault and the step it fires at (None
+        at a load): the session records it in the event log."""
         self.rank = rank
         self.attempt = attempt
         self._local_claims: set[str] = set()
@@ -59,16 +60,16 @@ class FaultInjector:
     def on_report(self, step: int, metrics: dict) -> dict:
         """Apply faults due at this report; returns the (possibly poisoned) metrics."""
         for fault in self._due("report", step):
-            metrics = self._fire(fault, metrics)
+            metrics = self._fire(fault, step, metrics)
         return metrics
 
     def on_load(self) -> None:
         for fault in self._due("load", None):
-            self._fire(fault, {})
+            self._fire(fault, None, {})
 
-    def _fire(self, fault: Fault, metrics: dict) -> dict:
+    def _fire(self, fault: Fault, step: int | None, metrics: dict) -> dict:
         if self.on_fire is not None:
-            self.on_fire(fault)
+            self.on_fire(fault, step)
         if fault.kind == "nan":
             return {**metrics, fault.metric: float("nan")}
         if fault.kind == "raise":

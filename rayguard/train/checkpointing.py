@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -183,8 +184,10 @@ def maybe_checkpoint(collective: Collective, store: CheckpointStore, state: Any,
 
 def load_state(collective: Collective, store: CheckpointStore, sharded: Any, *,
                load_count: int, previous_rank: int | None,
-               tier: MemoryTier | None = None) -> Restored | None:
-    """``rayguard.train.load_state()``: the newest checkpoint that verifies, for this rank."""
+               tier: MemoryTier | None = None,
+               on_chosen: Callable[[str | None], None] | None = None) -> Restored | None:
+    """``rayguard.train.load_state()``: the newest checkpoint that verifies, for this rank
+    (``on_chosen(path)``: told which one before it is read)."""
     problem = None
     if sharded is not None:
         from rayguard.train.sharded import check_sharded_arg
@@ -194,11 +197,14 @@ def load_state(collective: Collective, store: CheckpointStore, sharded: Any, *,
     answers = collective.gather(f"{tag}:args", (sharded is not None, problem))
     _agree([_Intent(False, 0, has, p) for has, p in answers])
     if sharded is None:
-        return load(collective, store, tag=tag, previous_rank=previous_rank, tier=tier)
+        return load(collective, store, tag=tag, previous_rank=previous_rank, tier=tier,
+                    on_chosen=on_chosen)
     from rayguard.train.sharded import choose, restore
 
     verified = choose(collective, store, tag)
     collective.progress()
+    if on_chosen is not None:
+        on_chosen(None if verified is None else verified[0])
     return None if verified is None else restore(collective, store, verified, sharded,
                                                  previous_rank=previous_rank)
 

@@ -15,7 +15,7 @@ from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
 from rayguard.events import EventLog
 from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.observe.observer import RunObserver
-from rayguard.progress import NOTABLE_KINDS
+from rayguard.progress import NOTABLE_KINDS, attempt_view
 
 
 class RunCoordinator:
@@ -34,6 +34,8 @@ class RunCoordinator:
         self._failures: dict[int, list[FailureRecord]] = {}
         self._commits: dict[int, int] = {}
         self._progress: dict[str, Any] = {}
+        self._commit_steps: list[int] = []
+        """Steps of the checkpoints this fit() committed, in commit order."""
         self._notable: list[dict[str, Any]] = []
         self._closed = False
         self._cond = threading.Condition()
@@ -55,7 +57,8 @@ class RunCoordinator:
         if event.get("kind") == "checkpoint_committed":
             attempt = event["attempt"]
             self._commits[attempt] = self._commits.get(attempt, 0) + 1
-            self._progress["checkpoint_step"] = event.get("step")
+            if isinstance(event.get("step"), int):
+                self._commit_steps.append(event["step"])
         if event.get("kind") in NOTABLE_KINDS:
             self._notable.append(event)
         self._observer.annotate(event)
@@ -124,10 +127,15 @@ class RunCoordinator:
 
     # -- progress (the driver's console line and Result's last metrics) -------------------
     def progress(self, update: dict[str, Any]) -> None:
-        self._progress.update(update)
+        """Rank 0's step, metrics, time and world size, stamped with the attempt they are of
+        (the one running now unless the update names its own)."""
+        self._progress.update(dict({"attempt": self.attempt()}, **update))
 
     def get_progress(self) -> dict[str, Any]:
-        return dict(self._progress, attempt=self.attempt())
+        """The progress line's data: the running attempt's step (none until it reported),
+        the last metrics, and the step of this ``fit()``'s last checkpoint at or before that
+        step (:func:`rayguard.progress.attempt_view`)."""
+        return attempt_view(self._progress, self.attempt(), list(self._commit_steps))
 
     def close(self) -> None:
         """End of fit(): wake every waiter so the actor can be killed with no thread blocked."""

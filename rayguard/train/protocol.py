@@ -197,13 +197,17 @@ def choose(collective: Collective, store: CheckpointStore,
 
 
 def load(collective: Collective, store: CheckpointStore, *, tag: str,
-         previous_rank: int | None = None, tier: MemoryTier | None = None) -> Restored | None:
+         previous_rank: int | None = None, tier: MemoryTier | None = None,
+         on_chosen: Callable[[str | None], None] | None = None) -> Restored | None:
     """Every rank: this rank's state from the newest checkpoint that verifies (``None``: there
     is none). RNG states saved with it are restored. ``tier``: the in-memory tier serves the
-    shards it holds copies of that verify."""
+    shards it holds copies of that verify. ``on_chosen(path)`` is told the checkpoint before
+    it is read (a read that fails on every attempt is then known to be this one's)."""
     chosen = choose(collective, store, tier) if collective.rank == 0 else None
     chosen = collective.gather(tag, chosen)[0]
     collective.progress()
+    if on_chosen is not None:
+        on_chosen(chosen)
     if chosen is None:
         return None
     memory: dict[int, Any] | None = None

@@ -105,10 +105,11 @@ class RayReportBridge:
         self.count += 1
         tag = f"ray-report{self.count}"
         directory = local_directory(checkpoint)
+        writer = False
         if directory is None:
             session.contribute(tag, None)
         elif checkpoint_upload_mode == CheckpointUploadMode.NO_UPLOAD:
-            self._seal(tag, directory, step, in_loop=True)
+            writer = self._seal(tag, directory, step, in_loop=True)
         else:
             checkpoint_upload_fn = self._sealing_upload(
                 tag, directory, step, checkpoint_upload_fn,
@@ -117,43 +118,45 @@ class RayReportBridge:
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
             delete_local_checkpoint_after_upload, checkpoint_upload_fn, validation)
         session.wait_forwarded(future)
-        if directory is not None and checkpoint_upload_mode == CheckpointUploadMode.NO_UPLOAD:
+        if writer:
             self._persisted(step, checkpoint.path)
         session.observed(observed, step, time.perf_counter() - started)
 
     def _sealing_upload(self, tag: str, directory: str, step: int, user_upload: Any, *,
                         in_loop: bool) -> Any:
         def upload(checkpoint: Any, checkpoint_dir_name: str) -> Any:
-            self._seal(tag, directory, step, in_loop=in_loop)
+            writer = self._seal(tag, directory, step, in_loop=in_loop)
             if user_upload is not None:
                 persisted = user_upload(checkpoint, checkpoint_dir_name)
             else:
                 persisted = default_upload(checkpoint, checkpoint_dir_name)
-            self._persisted(step, getattr(persisted, "path", None))
+            if writer:
+                self._persisted(step, getattr(persisted, "path", None))
             return persisted
 
         return upload
 
-    def _seal(self, tag: str, directory: str, step: int, *, in_loop: bool) -> None:
-        """Hash this rank's directory; the lowest reporting rank writes the manifest."""
+    def _seal(self, tag: str, directory: str, step: int, *, in_loop: bool) -> bool:
+        """Hash this rank's directory; the lowest reporting rank writes the manifest (True:
+        this rank did)."""
         from rayguard.checkpoint import reported
 
         session = self.session
         rank = session.ctx.rank
         record = reported.hash_directory(directory, rank)
         records = session.gather(tag, record, feed_watchdog=in_loop)
-        self._writer = reported.writer_rank(records) == rank
-        if self._writer:
+        writer = reported.writer_rank(records) == rank
+        if writer:
             reported.seal(directory, records, world_size=session.ctx.world_size, step=step,
                           metadata={"attempt": session.ctx.attempt,
                                     "reported_by": [r.rank for r in records if r is not None]})
         else:
             reported.drop_stale_manifest(directory)
+        return writer
 
     def _persisted(self, step: int, path: str | None) -> None:
-        if not getattr(self, "_writer", False):
-            return
-        self._writer = False
+        """The writer rank: the sealed checkpoint is in the run's storage (an event, counted
+        as durable progress by the crash-loop rule)."""
         name = os.path.basename(str(path).rstrip("/")) if path else "?"
         self.session.record("checkpoint_committed", f"checkpoint {name} reported through "
                             "ray.train.report, sealed with a manifest", step=step, path=path,

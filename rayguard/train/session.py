@@ -94,7 +94,8 @@ class WorkerSession:
         self.ray_bridge: Any = None
         """Set-up's guard around ``ray.train.report`` (:mod:`rayguard.train.ray_report`)."""
         self.timer = StepTimer(interval_s=guard.health.step_summary_interval_s,  # samples: rank 0
-                               metric=guard.health.watch_metrics[0] if ctx.rank == 0 else None)
+                               metric=(guard.health.watch_metrics or (None,))[0]
+                               if ctx.rank == 0 else None)
 
     @property
     def fs(self) -> Any:
@@ -112,11 +113,13 @@ class WorkerSession:
 
         return bool(ray.get(self.coordinator.claim.remote(key)))
 
-    def _on_fault(self, fault: Fault) -> None:
-        """An injected fault is about to fire: say so first (a kill leaves no other trace)."""
+    def _on_fault(self, fault: Fault, step: int | None = None) -> None:
+        """An injected fault is about to fire at ``step``: say so first (a kill leaves no other
+        trace)."""
         self.mark(f"cause:{self.ctx.attempt}:{self.ctx.rank}", f"injected {fault.kind}")
         self.record("fault_injected", f"injected {fault.kind} ({fault.key}; RAYGUARD_FAULTS or "
-                    "GuardConfig(faults=))", step=self.last_step, wait=True, fault=fault.kind)
+                    "GuardConfig(faults=))", step=self.last_step if step is None else step,
+                    wait=True, fault=fault.kind)
 
     def raw_report(self, metrics: dict[str, Any], checkpoint: Any = None, **kwargs: Any) -> None:
         """Ray's own ``ray.train.report`` (set-up puts rayguard in front of the public one:
@@ -442,15 +445,20 @@ class WorkerSession:
         if self.async_checkpoints is not None:  # a checkpoint in flight commits first
             self._collect_async(self.async_checkpoints.wait)
         restored = load_state(self.collective, self.store, sharded, load_count=self.load_count,
-                              previous_rank=self.ctx.previous_rank, tier=self.memory_tier)
+                              previous_rank=self.ctx.previous_rank, tier=self.memory_tier,
+                              on_chosen=self._loading)
         self.watchdog.heartbeat()
-        if self.ctx.rank == 0:
-            self.put(f"loaded:{self.ctx.attempt}", None if restored is None else restored.path)
         if restored is None:
             return None
         if restored.step is not None:
             self.last_step = restored.step
         return restored.state
+
+    def _loading(self, path: str | None) -> None:
+        """The checkpoint this attempt reads (the crash-loop rule rejects one that every
+        attempt of a loop failed to load)."""
+        if self.ctx.rank == 0:
+            self.put(f"loaded:{self.ctx.attempt}", path)
 
     def _guard_finite(self, metrics: dict[str, Any], step: int) -> None:
         health = self.guard.health
@@ -517,18 +525,30 @@ def _forward(report: Any, metrics: dict[str, Any], path: str | None, fs: Any) ->
 
 def dump_stacks(ctx: GuardContext, *, local_run_dir: bool = True) -> str | None:
     """Write the stacks of every thread of this worker into the run directory (with remote
-    storage: the node's temporary directory; the event names the file and the node)."""
+    storage: a fresh private directory, ``mkdtemp`` mode 0700, in the node's temporary
+    directory; the event names the file and the node). No write follows a link: the folder
+    is opened with O_NOFOLLOW and the file created in it with O_CREAT|O_EXCL|O_NOFOLLOW, so
+    links or files another user planted there are never written through."""
     import faulthandler
     import shutil
     import subprocess
     import tempfile
 
-    base = ctx.run_dir if local_run_dir else tempfile.gettempdir()
-    directory = os.path.join(base, "rayguard_stacks")
+    name = f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}-{os.getpid()}.txt"
     try:
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}.txt")
-        with open(path, "w") as f:
+        if local_run_dir:
+            directory = os.path.join(ctx.run_dir, "rayguard_stacks")
+            os.makedirs(directory, exist_ok=True)
+        else:
+            directory = tempfile.mkdtemp(prefix="rayguard_stacks-")
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o666, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        path = os.path.join(directory, name)
+        with os.fdopen(fd, "w") as f:
             f.write(f"# rank {ctx.rank} pid {os.getpid()} node {ctx.node_id}: Python stacks\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)

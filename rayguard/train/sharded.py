@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayguard.checkpoint.sharded import DCP_DIR
-from rayguard.exceptions import CheckpointError
+from rayguard.exceptions import CheckpointCorruptError, CheckpointError
 
 if TYPE_CHECKING:
-    from rayguard.checkpoint.manifest import ShardRecord
+    from rayguard.checkpoint.manifest import Manifest, ShardRecord
     from rayguard.train.collective import Collective
     from rayguard.train.store import CheckpointStore
 
@@ -103,8 +103,13 @@ def save(checkpoint_dir: str, sharded: dict[str, Any]) -> list[dict[str, Any]]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
+    from rayguard.checkpoint.fsio import check_real_dir
+
     state_dict = state_dict_for(sharded)
     path = os.path.join(checkpoint_dir, DCP_DIR)
+    os.makedirs(path, exist_ok=True)
+    check_real_dir(checkpoint_dir, "staging directory")
+    check_real_dir(path, "DCP directory")  # DCP would write through a planted link
     try:
         # the files are fsynced by record_dcp_files, overlapped with their hashing
         dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(path, sync_files=False))
@@ -114,9 +119,15 @@ def save(checkpoint_dir: str, sharded: dict[str, Any]) -> list[dict[str, Any]]:
     return describe_meshes(state_dict)
 
 
-def load(checkpoint_dir: str, sharded: dict[str, Any]) -> None:
+def load(checkpoint_dir: str, sharded: dict[str, Any], manifest: Manifest | None = None) -> None:
     """Load ``checkpoint_dir/dcp`` into the objects of ``sharded`` in place (collective),
-    resharded by DCP to this world size and mesh. The files must have been verified."""
+    resharded by DCP to this world size and mesh. The files must have been verified.
+
+    Nothing from disk runs as code (:mod:`rayguard.checkpoint.dcp_safe`): ``.metadata`` is
+    read only if its bytes match ``manifest`` (the directory's own manifest when None; with
+    none there, the caller's own unlisted directory) and unpickled restricted to DCP's
+    metadata classes; non-tensor values load ``weights_only=True``. A refusal raises
+    CheckpointCorruptError."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -125,10 +136,19 @@ def load(checkpoint_dir: str, sharded: dict[str, Any]) -> None:
         set_optimizer_state_dict,
     )
 
+    from rayguard.checkpoint.dcp_safe import SafePlanner, SafeReader
+    from rayguard.checkpoint.manifest import MANIFEST_NAME, read_manifest
+
+    if manifest is None and os.path.exists(os.path.join(checkpoint_dir, MANIFEST_NAME)):
+        manifest = read_manifest(Path(checkpoint_dir))
     state_dict = state_dict_for(sharded)
+    reader = SafeReader(checkpoint_dir, manifest)
     try:
-        dcp.load(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR))
+        dcp.load(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR),
+                 storage_reader=reader, planner=SafePlanner())
     except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        if reader.refusal is not None:
+            raise CheckpointCorruptError(str(reader.refusal)) from None
         raise CheckpointError(
             f"{checkpoint_dir}: torch.distributed.checkpoint could not load the sharded part "
             f"into {sorted(sharded)} ({type(exc).__name__}: {exc}). Fix: pass the same keys, "
@@ -231,7 +251,7 @@ def restore(collective: Collective, store: CheckpointStore, chosen: tuple[str, s
             info = check_loadable(manifest, path)
         except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
             raise ShardedStateError(f"rank {collective.rank}: {exc}") from None
-        load(local, sharded)
+        load(local, sharded, manifest)
         collective.progress()
         saved = int(info["world_size"])
         note = "" if saved == collective.world_size else (

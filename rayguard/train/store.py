@@ -98,9 +98,9 @@ class LocalStore:
 
     @contextmanager
     def stage(self, final: str) -> Iterator[str]:
-        from rayguard.checkpoint.commit import staging_dir_for
+        from rayguard.checkpoint.commit import prepare_staging
 
-        yield str(staging_dir_for(final))
+        yield str(prepare_staging(final))
 
     def upload(self, staged: str, final: str, record: ShardRecord) -> None:
         return None  # already in the shared staging directory

@@ -239,6 +239,8 @@ class HealthCallback(Callback):
         watch.points.append(point)
 
     def _update_best(self, watch: TrialHealth, point: Point) -> None:
+        if not self.health.watch_metrics:
+            return
         value = point.metrics.get(self.health.watch_metrics[0])
         if value is None:
             return

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rayguard.events import BASE_FIELDS, append_events
-from rayguard.observe.log import SWEEP_EVENTS_FILENAME, parse_lines
+from rayguard.observe.log import SWEEP_EVENTS_FILENAME, EventSource, read_log
 
 EVENTS_FILE = SWEEP_EVENTS_FILENAME
 
@@ -146,5 +146,5 @@ def read(path: str | Path) -> list[SweepEvent]:
     path = Path(path)
     if path.is_dir():
         path = path / EVENTS_FILE
-    parsed = parse_lines(path.read_text(encoding="utf-8"), "sweep")
+    parsed = read_log(EventSource("sweep", str(path)))
     return [SweepEvent.from_record(record) for record in parsed.events]

@@ -66,7 +66,12 @@ def ray_loop(config):
                 config["marker_dir"], f"raise{step}"):
             raise ValueError("my bug at this step")
         metrics = {"loss": loss, "step": step}
-        if step % 2 == 1 and rank == 0:
+        if step % 2 == 1 and rank == 0 and config.get("async_upload"):
+            d = tempfile.mkdtemp()  # Ray deletes it once uploaded
+            torch.save({"weights": weights, "step": step}, os.path.join(d, "model.pt"))
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d),
+                             checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+        elif step % 2 == 1 and rank == 0:
             with tempfile.TemporaryDirectory() as d:
                 torch.save({"weights": weights, "step": step}, os.path.join(d, "model.pt"))
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
@@ -116,6 +121,27 @@ def test_a_healthy_ray_report_loop_longer_than_both_bounds_is_never_killed(ray_l
     # each checkpoint Ray persisted carries rayguard's manifest and verifies
     report = rayguard.checkpoint.verify(result.checkpoint.path)
     assert report.ok and report.manifest.step == 11, report.describe()
+
+
+def test_async_uploads_and_rays_checkpoint_config_stay_rays(ray_local, tmp_path):
+    from ray.train import CheckpointConfig
+
+    marker = tmp_path / "markers"
+    marker.mkdir()
+    trainer = make_trainer(ray_loop, tmp_path, name="keep2",
+                           config={"marker_dir": str(marker), "async_upload": True},
+                           checkpoint_config=CheckpointConfig(
+                               num_to_keep=2, checkpoint_score_attribute="loss",
+                               checkpoint_score_order="min"))
+    result = trainer.fit()
+    assert result.error is None
+    kept = sorted(p for p in os.listdir(trainer.run_dir)
+                  if p.startswith("checkpoint_") and os.path.isdir(os.path.join(trainer.run_dir, p)))
+    assert len(kept) == 2 and len(result.best_checkpoints) == 2
+    for checkpoint, metrics in result.best_checkpoints:  # the two lowest losses: steps 9, 11
+        assert metrics["step"] in (9, 11)
+        report = rayguard.checkpoint.verify(checkpoint.path)
+        assert report.ok and report.manifest.step == metrics["step"], report.describe()
 
 
 def test_a_killed_worker_resumes_from_the_newest_checkpoint_with_the_same_weights(ray_local,
@@ -264,3 +290,37 @@ def test_mixing_rayguard_and_ray_reports_runs_to_the_end(ray_local, tmp_path):
                        ("ray.train.report", 5), ("ray.train.report", 7),
                        ("rayguard", 2), ("rayguard", 5)], sources
     assert trainer.last_metrics["step"] == 7
+
+
+def unloadable_state_loop(config):
+    """The same for load_state(): the newest state verifies, the loop cannot use it."""
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    state = rayguard.train.load_state()
+    start = 0
+    if state is not None:
+        if state["format"] != 1:
+            raise ValueError("unknown state format")
+        start = state["step"] + 1
+        with open(os.path.join(config["marker_dir"], f"resumed-{rank}-{start}"), "w"):
+            pass
+    for step in range(start, 6):
+        save = step in (1, 3)
+        rayguard.train.report({"loss": 1.0, "step": step}, state={
+            "step": step, "format": 1 if step == 1 else 2} if save else None)
+        if step == 4 and rank == 1 and _once(config["marker_dir"], "kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_verified_state_the_loop_cannot_use_is_rejected_after_the_repeat(ray_local, tmp_path):
+    marker = tmp_path / "markers"
+    marker.mkdir()
+    trainer = make_trainer(unloadable_state_loop, tmp_path, name="unloadable-state",
+                           config={"marker_dir": str(marker)})
+    result = trainer.fit()
+    assert result.error is None
+    events = read_events(trainer.run_dir)
+    rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
+    assert len(rejected) == 1 and "cannot load it" in rejected[0]["detail"], rejected
+    assert (marker / "resumed-0-2").exists()

@@ -163,3 +163,26 @@ def test_dtensor_in_plain_state_names_sharded(ray_local_module, tmp_path):
     assert "is a DTensor" in text and "sharded={'model': model, 'optim': opt}" in text
     events = read_events(str(tmp_path / "dtensor"))
     assert "restart" not in _kinds(events)  # the same on every attempt: no retry
+
+
+def test_forged_dcp_metadata_is_rejected_never_run(ray_local_module, tmp_path):
+    """Someone with write access to the run directory replaces the newest checkpoint's
+    ``dcp/.metadata`` by a pickle that runs a command, and rewrites its manifest entry so the
+    sha256 matches. The restart rejects that checkpoint (naming the class), loads the older
+    one, and the command never runs in any worker."""
+    from rayguard.testing.forge import command_pickle, forge_file
+
+    at1 = str(tmp_path / "at1.pt")
+    _, events, run = _fit(tmp_path, "forged", steps=3, dump_at={1: at1})
+    by_step = {e["step"]: e["path"] for e in events if e["kind"] == "checkpoint_committed"}
+    marker = tmp_path / "pwned"
+    forge_file(by_step[2], "dcp/.metadata", command_pickle(f"touch {marker}"))
+    after_load = str(tmp_path / "after_load.pt")
+    _, events, _ = _fit(tmp_path, "forged", steps=2, after_load=after_load)
+    assert not marker.exists()
+    rejected = {e["path"]: e["detail"] for e in events if e["kind"] == "checkpoint_rejected"}
+    assert "refusing to unpickle posix.system" in rejected[by_step[2]]
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert [e["path"] for e in restored] == [by_step[1]]  # loaded once: no crash loop
+    assert "restart" not in _kinds(events)
+    assert _equal(torch.load(after_load, weights_only=True), torch.load(at1, weights_only=True))

@@ -71,3 +71,19 @@ def test_ls_exit_status_follows_verification(tmp_path: Path) -> None:
     as_json = _cli("ls", "--json", str(tmp_path))
     assert as_json.returncode == 1
     assert [json.loads(line)["status"] for line in as_json.stdout.splitlines()] == ["CORRUPT", "verified"]
+
+
+def test_a_checkpoint_reported_through_ray_train_report_is_listed_and_verified(tmp_path: Path) -> None:
+    from rayguard.checkpoint.reported import hash_directory, seal
+
+    d = tmp_path / "checkpoint_2026-12-01_10-00-00.000000"
+    (d / "checkpoint").mkdir(parents=True)
+    (d / "checkpoint" / "model.safetensors").write_bytes(b"x" * 100)
+    seal(d, [hash_directory(d, 0)], world_size=2, step=40)
+    ok = _cli("verify", str(d))
+    assert ok.returncode == 0 and "reported through ray.train.report" in ok.stdout, ok.stdout
+    listed = _cli("ls", str(tmp_path))
+    assert listed.returncode == 0 and "(ray.train.report)" in listed.stdout, listed.stdout
+    os.truncate(d / "checkpoint" / "model.safetensors", 10)
+    bad = _cli("verify", str(d))
+    assert bad.returncode == 1 and "truncated" in bad.stdout, bad.stdout

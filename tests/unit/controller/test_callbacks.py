@@ -72,3 +72,16 @@ def test_describe_failure_causes() -> None:
     assert cause == "stall" and "stall_detected" in reason
     cause, reason, _ = describe_failure(RuntimeError("x"), "injected hang at step 2")
     assert cause == "injected hang at step 2" and "RAYGUARD_FAULTS" in reason
+
+
+def test_an_injected_nan_reads_as_a_nan_detection() -> None:
+    # RAYGUARD_FAULTS=nan:... poisons a metric; the NaN guard is what stops the worker.
+    error = UserExceptionWithTraceback(NonFiniteMetricError("loss is nan at step 4"), "tb")
+    cause, reason, _ = describe_failure(error, "injected nan")
+    assert cause == "nan"
+    assert reason.startswith("NonFiniteMetricError: loss is nan at step 4")
+    assert reason.endswith("(the NaN was injected: RAYGUARD_FAULTS)")
+    cause, reason, _ = describe_failure(error, None)  # a real NaN: no injection noted
+    assert cause == "nan" and "injected" not in reason
+    cause, _, _ = describe_failure(ActorDiedError(), "injected kill")  # other faults unchanged
+    assert cause == "injected kill"

@@ -66,3 +66,36 @@ def test_worker_died_reason_is_one_line_with_its_cause():
     assert cause == "stall" and "watchdog" not in reason and "stall_detected" in reason
     cause, reason, _ = describe_failure(ValueError("my bug\ntrace"), None)
     assert (cause, reason) == ("error", "ValueError: my bug")
+
+
+GLOO_RESET = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+              "[127.0.0.1]:5123: Connection reset by peer")
+
+
+def collateral(attempt, summary=GLOO_RESET, kind="builtins.RuntimeError"):
+    return FailureRecord(rank=0, attempt=attempt, error_type=kind, origin="pair.cc in read",
+                         step=3, commits=0, summary=summary)
+
+
+def test_a_peers_loss_seen_as_a_gloo_or_nccl_error_never_counts_toward_a_loop():
+    # the death of rank 1 was not seen by Ray's poll yet: only rank 0's error is reported
+    history = {0: [collateral(0)], 1: [collateral(1)]}
+    assert crash_loop(history, 1, failed_ranks=1, retries=1) is None
+    for summary, kind in (("RuntimeError: NCCL error in: ... ncclRemoteError", "builtins.RuntimeError"),
+                          ("DistBackendError: broken", "torch.distributed.DistBackendError")):
+        history = {0: [collateral(0, summary, kind)], 1: [collateral(1, summary, kind)]}
+        assert crash_loop(history, 1, failed_ranks=1, retries=1) is None
+    # the same rule still stops a real repeat
+    assert crash_loop({0: [rec(0)], 1: [rec(1)]}, 1, failed_ranks=1, retries=1) == rec(1)
+
+
+def test_an_attempt_in_which_rayguard_killed_a_worker_is_never_a_loop():
+    history = {0: [rec(0)], 1: [rec(1)]}
+    assert crash_loop(history, 1, failed_ranks=1, retries=1, deaths={1}) is None
+    assert crash_loop(history, 1, failed_ranks=1, retries=1, deaths={0}) == rec(1)
+
+
+def test_a_ray_train_report_checkpoint_between_failures_is_progress():
+    # attempt 0 failed at iteration 2; attempt 1 resumed, reported checkpoints, failed at 4
+    history = {0: [rec(0, step=2, commits=1)], 1: [rec(1, step=4, commits=2)]}
+    assert crash_loop(history, 1, failed_ranks=1, retries=1) is None

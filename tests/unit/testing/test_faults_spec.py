@@ -102,7 +102,7 @@ def test_hang_with_seconds_returns(monkeypatch):
     (f,) = parse_faults("hang:rank=0,step=0,seconds=0.05")
     assert f.kind == "hang" and f.seconds == 0.05
     fired: list = []
-    injector = FaultInjector((f,), rank=0, attempt=0, on_fire=fired.append)
+    injector = FaultInjector((f,), rank=0, attempt=0, on_fire=lambda f, step: fired.append(f))
     out: list = []
     caller = threading.Thread(target=lambda: out.append(injector.on_report(0, {"loss": 1.0})))
     caller.start()
@@ -122,3 +122,29 @@ def test_kill_really_kills_a_process():
             "print('survived')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9 and "survived" not in proc.stdout
+
+
+def test_the_fault_injected_event_carries_the_faults_own_step(tmp_path, monkeypatch):
+    # `kill:...,step=12` fires inside the report of step 12, before the session moved its
+    # last step on: the event said step 11.
+    import torch
+
+    import rayguard
+    from rayguard.train import session as session_mod
+    from rayguard.train.context import GuardContext
+
+    monkeypatch.setattr(session_mod, "_forward", lambda *a, **k: None)  # no Ray Train here
+    ctx = GuardContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                       node_id="n0", device=torch.device("cpu"), seed=0, attempt=0,
+                       run_dir=str(tmp_path))
+    session = session_mod.WorkerSession(ctx, rayguard.GuardConfig(numa="off"), None,
+                                        parse_faults("raise:rank=0,step=12"))
+    recorded: list[tuple[str, int | None]] = []
+    real_record = session.record
+    monkeypatch.setattr(session, "record", lambda kind, detail, *, step=None, **kw: (
+        recorded.append((kind, step)), real_record(kind, detail, step=step, **kw)))
+    for step in range(12):
+        session.report({"loss": 1.0}, step=step)
+    with pytest.raises(InjectedFault):
+        session.report({"loss": 1.0}, step=12)
+    assert [r for r in recorded if r[0] == "fault_injected"] == [("fault_injected", 12)]

@@ -57,3 +57,13 @@ def test_forwarder_error_reaches_the_training_thread_and_stops_later_calls():
     with pytest.raises(RuntimeError, match="controller went away"):
         fwd.submit(ran.set)
     assert not ran.is_set()
+
+
+def test_a_ray_train_report_step_is_its_step_like_metric_else_one_past_the_last():
+    from rayguard.train.ray_report import report_step
+
+    assert report_step({"loss": 1.0, "step": 40, "epoch": 2}, 10) == 40
+    assert report_step({"global_step": 7}, 10) == 7
+    assert report_step({"training_iteration": 3}, 10) == 3
+    assert report_step({"loss": 1.0, "step": True}, 10) == 11  # a bool is no step
+    assert report_step({"loss": 1.0}, -1) == 0
