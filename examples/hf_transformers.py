@@ -27,6 +27,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 
 import rayguard
+from rayguard.cli import shell_command
 from rayguard.events import read as read_events
 
 VOCAB, SEQ = 64, 16
@@ -124,7 +125,7 @@ def main() -> None:
         "fault_injected", "stall_detected", "nan_detected", "checkpoint_rejected", "restart"))
     print(f"what happened:   {sealed} checkpoints sealed with rayguard's manifest; "
           + (", ".join(f"{k} x{n}" for k, n in notable.items()) or "no fault, no restart"))
-    print(f"the whole story: rayguard events {result.path}")
+    print(f"the whole story: {shell_command('events', result.path)}")
 
 
 if __name__ == "__main__":
