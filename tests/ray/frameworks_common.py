@@ -1,0 +1,169 @@
+"""Shared pieces of the framework tests (test_frameworks_*.py; imported by them, not a test):
+load an example as a module the workers can unpickle, fire a fault once across processes,
+damage the newest checkpoint of a run, read the run's event log."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import ray.cloudpickle as cloudpickle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str, path: Path) -> ModuleType:
+    """``path`` imported as module ``name``, pickled by value (workers cannot import it)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def example(name: str) -> ModuleType:
+    return load(f"rayguard_example_{name}", ROOT / "examples" / f"{name}.py")
+
+
+def fire_once(marker: str) -> bool:
+    """True the first time ``marker`` is asked for (the file is created then, in any process)."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def kill_self() -> None:
+    """A real process death: no exception, no clean-up, no report."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checkpoint_dirs(run_dir: str) -> list[str]:
+    """The run's persisted Ray checkpoints, oldest first (Ray names them by time)."""
+    return sorted(str(p) for p in Path(run_dir).glob("checkpoint_*") if p.is_dir())
+
+
+def flip_byte(path: str) -> None:
+    """Silent corruption: one byte in the middle of ``path`` changes, the size does not."""
+    with open(path, "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        middle = f.tell() // 2
+        f.seek(middle)
+        byte = f.read(1)
+        f.seek(middle)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def wait_registered(run_dir: str, timeout_s: float = 120) -> str:
+    """Wait until Ray's controller has registered the run's newest checkpoint (its snapshot
+    names it) and return that checkpoint's path.
+
+    A kill before that loses the checkpoint by Ray's design: the controller collects each
+    worker's reports by polling it, so a report still queued in a process that dies is never
+    registered, and ``ray.train.get_checkpoint()`` offers only registered checkpoints. The
+    kills below wait for it, so which checkpoint a restart resumes from is not a race."""
+    newest = checkpoint_dirs(run_dir)[-1]
+    snapshot = Path(run_dir, "checkpoint_manager_snapshot.json")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
+            if latest and latest["checkpoint_dir_name"] == os.path.basename(newest):
+                return newest
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not written yet, or being replaced
+        time.sleep(0.05)
+    raise TimeoutError(f"Ray never registered {newest} (see {snapshot})")
+
+
+def kill_after_registered(run_dir: str, *, corrupt: str | None = None,
+                          note: str | None = None) -> None:
+    """SIGKILL this process once Ray has registered the newest checkpoint; with ``corrupt``
+    (a path inside a checkpoint), first flip a byte of that file in the newest checkpoint and
+    write the checkpoint's path to ``note`` (for the test to name it)."""
+    newest = wait_registered(run_dir)
+    if corrupt is not None:
+        flip_byte(os.path.join(newest, corrupt))
+        Path(note).write_text(newest)
+    kill_self()
+
+
+def events(run_dir: str) -> list[dict]:
+    path = Path(run_dir) / "rayguard_events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kinds(run_dir: str) -> list[str]:
+    return [e["kind"] for e in events(run_dir)]
+
+
+WARNING_KINDS = ("stall_detected", "restart", "worker_died", "nan_detected",
+                 "checkpoint_rejected", "crash_loop", "not_retried")
+
+
+def assert_clean(result, run_dir: str) -> None:
+    """The run finished with no stall, restart or other rayguard warning in its log."""
+    assert result.error is None, result.error
+    log = kinds(run_dir)
+    assert "finished" in log, log
+    bad = [e for e in events(run_dir) if e["kind"] in WARNING_KINDS]
+    assert not bad, json.dumps(bad, indent=1)[:4000]
+
+
+def assert_sealed(result, run_dir: str, count: int) -> None:
+    """Each of the run's ``count`` checkpoints was sealed by rayguard as it was reported, and
+    the last one verifies (every file's size and sha256 in its manifest)."""
+    import rayguard
+
+    committed = [e for e in events(run_dir) if e["kind"] == "checkpoint_committed"]
+    assert len(committed) == count, committed
+    assert all(e.get("source") == "ray.train.report" for e in committed), committed
+    report = rayguard.checkpoint.verify(result.checkpoint.path)
+    assert report.ok, report.describe()
+
+
+def rejected_names(run_dir: str) -> list[str]:
+    """Checkpoint directory names named by a ``checkpoint_rejected`` event."""
+    names = []
+    for e in events(run_dir):
+        if e["kind"] == "checkpoint_rejected":
+            text = json.dumps(e)
+            names += [os.path.basename(d) for d in checkpoint_dirs(run_dir)
+                      if os.path.basename(d) in text]
+    return names
+
+
+def starts(log: str) -> list[int]:
+    """The first step rank 0 completed in each of its processes (one per attempt, or per
+    ``fit()``), in order, from the JSONL the loops' recorders write."""
+    first: dict[int, int] = {}
+    if not os.path.exists(log):
+        return []
+    for line in Path(log).read_text().splitlines():
+        rec = json.loads(line)
+        if rec["rank"] == 0:
+            first.setdefault(rec["pid"], rec["step"])
+    return list(first.values())
+
+
+def record_step(log: str, step: int) -> None:
+    """Append ``{rank, attempt, pid, step}`` (rayguard's context) to ``log``."""
+    import rayguard
+
+    ctx = rayguard.train.get_context()
+    with open(log, "a") as f:
+        f.write(json.dumps({"rank": ctx.rank, "attempt": ctx.attempt, "pid": os.getpid(),
+                            "step": step}) + "\n")
