@@ -186,9 +186,15 @@ class HealthConfig:
 
     def progress_bound(self, slowest_step_s: float | None, *, started: bool) -> tuple[str, float]:
         """The bound in force: ``("startup", startup_timeout_s)`` before the first completed
-        step of an attempt, ``("stall", timeout)`` after it."""
+        step of an attempt, ``("stall", timeout)`` after it. With the adaptive timeout and no
+        step measured yet (one report so far), the stall bound is the larger of the floor and
+        the start-up bound: a loop that reports only at a framework's saves or epoch ends
+        (Transformers' ``save_steps``, Lightning's epochs) has steps of unknown length, and a
+        healthy run must not be killed for a long first interval."""
         if not started:
             return "startup", float(self.startup_timeout_s)
+        if slowest_step_s is None and self.stall_timeout_s is None:
+            return "stall", max(self.stall_timeout_for(None), float(self.startup_timeout_s))
         return "stall", self.stall_timeout_for(slowest_step_s)
 
     def stall_timeout_for(self, slowest_step_s: float | None) -> float:

@@ -245,6 +245,13 @@ class WorkerSession:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         self.watchdog.start()
+        self._optimizer_hook = watch_optimizer_steps(self.watchdog.heartbeat)
+
+    def unwatch(self) -> None:
+        """The training function ended: its optimizers' steps are no longer this session's."""
+        hook, self._optimizer_hook = getattr(self, "_optimizer_hook", None), None
+        if hook is not None:
+            hook.remove()
 
     def close(self, timeout_s: float | None = 600) -> None:
         if self.async_checkpoints is not None:
@@ -491,6 +498,18 @@ class WorkerSession:
                         timeout_s=decision.threshold, bound=decision.check, stacks=path)
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def watch_optimizer_steps(heartbeat: Any) -> Any:
+    """Every ``optimizer.step()`` in this process is progress for the watchdog (a heartbeat;
+    not a step: the step timer measures reports). A framework loop that reports only at its
+    saves or epoch ends (Transformers, Lightning) is then seen alive between its reports.
+    Returns the hook's handle (``None`` where torch has no global optimizer hook)."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # pragma: no cover - torch >= 2.4 has it
+        return None
+    return register_optimizer_step_post_hook(lambda *args, **kwargs: heartbeat())
 
 
 def _check_checkpointable(state: Any, rank: int) -> None:

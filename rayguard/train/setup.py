@@ -167,6 +167,7 @@ class GuardedTrainFn:
             set_context(None)
             return result
         finally:
+            session.unwatch()
             if session.ray_bridge is not None:
                 ray_report.uninstall(session.ray_bridge)
 

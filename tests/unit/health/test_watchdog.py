@@ -116,3 +116,33 @@ def test_startup_bound_is_validated():
         HealthConfig(startup_timeout_s=0)
     with pytest.raises(ConfigError, match="crash_loop_retries"):
         HealthConfig(crash_loop_retries=-1)
+
+
+def test_one_report_so_far_keeps_the_larger_start_up_bound_with_the_adaptive_timeout():
+    # a framework that reports only at its saves: the first interval's length is unknown
+    clock = Clock()
+    wd = Watchdog(HealthConfig(stall_timeout_floor_s=300, startup_timeout_s=1800),
+                  on_stall=lambda d: None, clock=clock)
+    wd.step_completed()
+    assert wd.bound == ("stall", 1800)
+    clock.t = 600.0
+    wd.step_completed()  # a 600 s interval measured: 10 x 600 s
+    assert wd.bound == ("stall", 6000)
+    explicit = Watchdog(HealthConfig(stall_timeout_s=20), on_stall=lambda d: None, clock=clock)
+    explicit.step_completed()
+    assert explicit.bound == ("stall", 20)  # an explicit timeout applies from the first step
+
+
+def test_every_optimizer_step_is_a_heartbeat_until_unwatched():
+    import torch
+
+    from rayguard.train.session import watch_optimizer_steps
+
+    beats = []
+    handle = watch_optimizer_steps(lambda: beats.append(1))
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    opt.step()
+    opt.step()
+    handle.remove()
+    opt.step()
+    assert len(beats) == 2
