@@ -105,6 +105,7 @@ def _final(marker):
     return [json.loads((marker / f"final-{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.compat  # the report seam is a Ray internal: checked on the oldest Ray too
 def test_a_healthy_ray_report_loop_longer_than_both_bounds_is_never_killed(ray_local, tmp_path):
     guard = rayguard.GuardConfig(health=rayguard.HealthConfig(startup_timeout_s=4,
                                                               stall_timeout_s=4))
@@ -154,6 +155,7 @@ def test_a_killed_worker_resumes_from_the_newest_checkpoint_with_the_same_weight
     assert _final(marker) == [expected_weights()] * 2
 
 
+@pytest.mark.compat  # the report seam is a Ray internal: checked on the oldest Ray too
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(ray_local, tmp_path):
     trainer, marker = _run(tmp_path, "corrupt", kill_at=6, corrupt=True, sleep_s=0.3)
     result = trainer.fit()
