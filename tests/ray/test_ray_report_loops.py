@@ -4,13 +4,17 @@ NaN, verified checkpoints, crash loops. Real runs on the shared local cluster, 2
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
+import ray.cloudpickle as cloudpickle
 import torch
 from ray.train import Checkpoint
 from ray.train.v2.api.exceptions import WorkerGroupError
@@ -18,6 +22,12 @@ from ray.train.v2.api.exceptions import WorkerGroupError
 import rayguard
 from rayguard.events import read as read_events
 from rayguard.testing.recorder import make_trainer
+
+_spec = importlib.util.spec_from_file_location(
+    "frameworks_common", Path(__file__).with_name("frameworks_common.py"))
+common = sys.modules.setdefault("frameworks_common", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(common)
+cloudpickle.register_pickle_by_value(common)  # workers cannot import tests/
 
 STEPS = 12
 
@@ -30,6 +40,16 @@ def _once(marker_dir: str, name: str) -> bool:
     with open(path, "w"):
         pass
     return True
+
+
+def _kill_once_registered(run_dir: str, checkpoints: int) -> str:
+    """Wait until rank 0 persisted ``checkpoints`` checkpoints and Ray's controller registered
+    the newest (a report still queued in a killed process is lost, by Ray's design); returns
+    its path. The caller then kills this process."""
+    deadline = time.monotonic() + 120
+    while len(common.checkpoint_dirs(run_dir)) < checkpoints and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return common.wait_registered(run_dir)
 
 
 def ray_loop(config):
@@ -54,12 +74,11 @@ def ray_loop(config):
         loss = float("nan") if (config.get("nan_at") == step and rank == 0
                                 and _once(config["marker_dir"], "nan")) else 1.0 / (step + 1)
         if config.get("kill_at") == step and rank == 1 and _once(config["marker_dir"], "kill"):
+            # Ray registers a checkpoint when its controller polls the reports: kill only
+            # once it has the newest one (a report queued in a killed process is lost)
+            newest = _kill_once_registered(config["run_dir"], step // 2)
             if config.get("corrupt"):  # damage the newest persisted checkpoint first
-                run_dir = config["run_dir"]
-                newest = max((p for p in os.listdir(run_dir) if p.startswith("checkpoint_")
-                              and os.path.isdir(os.path.join(run_dir, p))),
-                             key=lambda p: os.path.getmtime(os.path.join(run_dir, p)))
-                with open(os.path.join(run_dir, newest, "model.pt"), "r+b") as f:
+                with open(os.path.join(newest, "model.pt"), "r+b") as f:
                     f.truncate(10)
             os.kill(os.getpid(), signal.SIGKILL)
         if config.get("raise_at") and step in config["raise_at"] and rank == 0 and _once(
@@ -147,8 +166,7 @@ def test_async_uploads_and_rays_checkpoint_config_stay_rays(ray_local, tmp_path)
 
 def test_a_killed_worker_resumes_from_the_newest_checkpoint_with_the_same_weights(ray_local,
                                                                                   tmp_path):
-    # 0.3 s steps: Ray's controller (50 ms poll) has the step-5 checkpoint before the kill
-    trainer, marker = _run(tmp_path, "kill", kill_at=6, sleep_s=0.3)
+    trainer, marker = _run(tmp_path, "kill", kill_at=6)
     result = trainer.fit()
     assert result.error is None
     assert (marker / "resumed-1-6").exists()  # newest checkpoint: step 5
@@ -157,7 +175,7 @@ def test_a_killed_worker_resumes_from_the_newest_checkpoint_with_the_same_weight
 
 @pytest.mark.compat  # the report seam is a Ray internal: checked on the oldest Ray too
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(ray_local, tmp_path):
-    trainer, marker = _run(tmp_path, "corrupt", kill_at=6, corrupt=True, sleep_s=0.3)
+    trainer, marker = _run(tmp_path, "corrupt", kill_at=6, corrupt=True)
     result = trainer.fit()
     assert result.error is None
     events = read_events(trainer.run_dir)
@@ -241,6 +259,7 @@ def unloadable_loop(config):
         else:
             ray.train.report(metrics)
         if step == 4 and rank == 1 and _once(config["marker_dir"], "kill"):
+            _kill_once_registered(config["run_dir"], 2)  # the step-3 checkpoint is Ray's latest
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -249,7 +268,8 @@ def test_a_verified_checkpoint_the_loop_cannot_load_is_rejected_after_the_repeat
     marker = tmp_path / "markers"
     marker.mkdir()
     trainer = make_trainer(unloadable_loop, tmp_path, name="unloadable",
-                           config={"marker_dir": str(marker)})
+                           config={"marker_dir": str(marker),
+                                   "run_dir": str(tmp_path / "unloadable")})
     result = trainer.fit()
     assert result.error is None
     events = read_events(trainer.run_dir)
