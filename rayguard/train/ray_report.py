@@ -59,11 +59,9 @@ _UNSET = object()
 
 def report_step(metrics: dict[str, Any], last_step: int) -> int:
     """The step of a ``ray.train.report``: a step-like metric, else one past the last."""
-    for key in STEP_KEYS:
-        value = metrics.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return last_step + 1
+    from rayguard.train.session import resolve_step
+
+    return resolve_step(None, metrics, None, last_step, keys=STEP_KEYS)
 
 
 def local_directory(checkpoint: Any) -> str | None:

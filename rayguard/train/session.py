@@ -46,10 +46,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def resolve_step(step: int | None, metrics: dict[str, Any], state: Any, last_step: int) -> int:
-    """The step of a report: explicit, else ``metrics['step']``, else ``state['step']``, else
-    one past the last."""
-    for candidate in (step, metrics.get("step"),
+def resolve_step(step: int | None, metrics: dict[str, Any], state: Any, last_step: int,
+                 keys: tuple[str, ...] = ("step",)) -> int:
+    """The step of a report: explicit, else the first of ``metrics[key]`` for ``keys``, else
+    ``state['step']``, else one past the last."""
+    for candidate in (step, *(metrics.get(k) for k in keys),
                       state.get("step") if isinstance(state, dict) else None):
         if isinstance(candidate, int) and not isinstance(candidate, bool):
             return candidate
@@ -63,7 +64,7 @@ class WorkerSession:
         self.guard = guard
         self.coordinator = coordinator
         self.forwarder = Forwarder()
-        self.injector = FaultInjector(faults, rank=ctx.rank, attempt=ctx.attempt, claim=self._claim,
+        self.injector = FaultInjector(faults, rank=ctx.rank, attempt=ctx.attempt, claim=self.claim,
                                       on_fire=self._on_fault)
         self.watchdog = Watchdog(guard.health, on_stall=self._on_stall)
         self.last_step = -1
@@ -106,7 +107,8 @@ class WorkerSession:
         self.store = store
 
     # -- coordinator helpers --------------------------------------------------------------
-    def _claim(self, key: str) -> bool:
+    def claim(self, key: str) -> bool:
+        """Whether this rank is the first of the run to ask for ``key``."""
         if self.coordinator is None:
             return True
         import ray
@@ -130,10 +132,6 @@ class WorkerSession:
         import ray.train
 
         ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
-
-    def claim(self, key: str) -> bool:
-        """Whether this rank is the first of the run to ask for ``key``."""
-        return self._claim(key)
 
     def put(self, key: str, value: Any) -> None:
         """Leave a fact with the coordinator (fire-and-forget)."""
