@@ -228,15 +228,7 @@ def candidates(store: Any, latest: str) -> list[str]:
     """Where ``get_checkpoint()`` looks, newest first: Ray's latest checkpoint, then the
     older reported checkpoints of the run directory (newer ones Ray never registered, a
     worker having died before every rank reported, are not offered)."""
-    from rayguard.checkpoint.fallback import candidates_of, order_candidates
-
-    if store.fs is not None:
-        from rayguard.checkpoint.remote import list_remote
-        from rayguard.checkpoint.reported import REPORTED_SOURCE
-
-        paths = [c.path for c in list_remote(store.root, store.fs) if c.source == REPORTED_SOURCE]
-    else:
-        paths = [str(c.path) for c in order_candidates(candidates_of(store.root, reported=True))]
+    paths = store.candidates(set(), reported=True)
     real = [os.path.realpath(p) if store.fs is None else p for p in paths]
     mine = os.path.realpath(latest) if store.fs is None else latest
     older = paths[real.index(mine) + 1:] if mine in real else []

@@ -60,8 +60,9 @@ class CheckpointStore(Protocol):
         """Remove staging left by saves that never finished (before any save of this start)."""
         ...
 
-    def candidates(self, skip: set[str]) -> list[str]:
-        """Checkpoint paths, newest first, without those in ``skip``."""
+    def candidates(self, skip: set[str], *, reported: bool = False) -> list[str]:
+        """Checkpoint paths, newest first, without those in ``skip``; ``reported``: the
+        directories a loop gave to ``ray.train.report`` instead of rayguard's own."""
         ...
 
     def choose(self, skip: set[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -127,11 +128,11 @@ class LocalStore:
 
         cleanup_staging(self.root)
 
-    def candidates(self, skip: set[str]) -> list[str]:
+    def candidates(self, skip: set[str], *, reported: bool = False) -> list[str]:
         from rayguard.checkpoint.fallback import candidates_of, order_candidates
 
         skip = {os.path.realpath(p) for p in skip}
-        return [str(c.path) for c in order_candidates(candidates_of(self.root))
+        return [str(c.path) for c in order_candidates(candidates_of(self.root, reported=reported))
                 if os.path.realpath(c.path) not in skip]
 
     def choose(self, skip: set[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -213,12 +214,12 @@ class RemoteStore:
     def cleanup(self) -> None:
         return None  # a directory without a manifest is invisible; nothing to rename away
 
-    def candidates(self, skip: set[str]) -> list[str]:
+    def candidates(self, skip: set[str], *, reported: bool = False) -> list[str]:
         from rayguard.checkpoint.remote import list_remote
         from rayguard.checkpoint.reported import REPORTED_SOURCE
 
         return [c.path for c in list_remote(self.root, self.fs)
-                if c.path not in skip and c.source != REPORTED_SOURCE]
+                if c.path not in skip and (c.source == REPORTED_SOURCE) == reported]
 
     def choose(self, skip: set[str]) -> tuple[str | None, list[tuple[str, str]]]:
         from rayguard.checkpoint.verify import verify
