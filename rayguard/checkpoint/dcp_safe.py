@@ -38,10 +38,10 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
+from rayguard.checkpoint.dcp_layout import DCP_DIR, DCP_METADATA, owner_of
 from rayguard.checkpoint.fsio import read_bounded
 from rayguard.checkpoint.hashing import digest_bytes
 from rayguard.checkpoint.manifest import FileRecord, Manifest, resolve_inside
-from rayguard.checkpoint.sharded import DCP_DIR, DCP_METADATA, owner_of
 from rayguard.exceptions import CheckpointCorruptError
 
 MAX_METADATA_BYTES = 1 << 30

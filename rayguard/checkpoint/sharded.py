@@ -15,38 +15,23 @@ Pure: no torch.distributed here (the DCP adapter is :mod:`rayguard.train.sharded
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rayguard.checkpoint.dcp_layout import (
+    DCP_DIR,
+    DCP_METADATA,
+    SHARDED_FORMAT,
+    SHARDED_KEY,
+    files_of_rank,
+    owner_of,
+)
 from rayguard.checkpoint.hashing import hash_files
 from rayguard.checkpoint.manifest import FileRecord, Manifest
 from rayguard.checkpoint.verify import VerifyReport, verify
 from rayguard.exceptions import CheckpointError
-
-DCP_DIR = "dcp"
-"""Where DCP writes, relative to the checkpoint directory."""
-DCP_METADATA = ".metadata"
-SHARDED_KEY = "sharded"
-"""The key of the sharded part's description in ``Manifest.metadata``."""
-SHARDED_FORMAT = "torch.distributed.checkpoint"
-
-_DATA_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
-
-
-def owner_of(name: str) -> int | None:
-    """The rank that wrote DCP file ``name`` (``.metadata``: rank 0); None for a stranger."""
-    if name == DCP_METADATA:
-        return 0
-    match = _DATA_FILE.match(name)
-    return int(match.group(1)) if match else None
-
-
-def files_of_rank(names: Iterable[str], rank: int) -> list[str]:
-    """The DCP files among ``names`` that ``rank`` wrote (and therefore hashes), sorted."""
-    return sorted(n for n in names if owner_of(n) == rank)
 
 
 def unclaimed(names: Iterable[str], world_size: int) -> list[str]:

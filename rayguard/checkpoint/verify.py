@@ -125,7 +125,7 @@ def _check_sharded_part(root: Path, manifest: Manifest, verified: set[str]) -> l
     """For a checkpoint with a DCP part whose ``.metadata`` this call hashed: what
     :func:`~rayguard.checkpoint.dcp_safe.check_dcp` finds (metadata or non-tensor values that
     would run code when loaded, storage entries outside the manifest's files)."""
-    from rayguard.checkpoint.sharded import DCP_DIR, DCP_METADATA
+    from rayguard.checkpoint.dcp_layout import DCP_DIR, DCP_METADATA
 
     if f"{DCP_DIR}/{DCP_METADATA}" not in verified:
         return []
