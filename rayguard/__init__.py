@@ -13,6 +13,7 @@ from rayguard import train
 from rayguard.config import CheckpointConfig, GuardConfig
 from rayguard.exceptions import ConfigError, RayGuardError
 from rayguard.health.config import HealthConfig
+from rayguard.health.sweep_config import SweepHealthConfig
 
 if TYPE_CHECKING:
     from rayguard.trainer import RobustTrainer
@@ -39,6 +40,7 @@ __all__ = [
     "HealthConfig",
     "RayGuardError",
     "RobustTrainer",
+    "SweepHealthConfig",
     "__version__",
     "train",
 ]

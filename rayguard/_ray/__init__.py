@@ -25,6 +25,8 @@ from collections.abc import Iterable
 
 from rayguard.exceptions import RayVersionError
 
+__all__: list[str] = []  # the boundary is internal: nothing here is for users
+
 RAYGUARD_VERSION = "0.1.0"
 SUPPORTED_RAY = "2.59-2.60"
 """Ray versions rayguard is tested on (the oldest and the newest run in CI)."""

@@ -8,7 +8,8 @@ Standalone use::
     state = checkpoint.load(found[0])
 
 The multi-rank protocol (``write_shard`` on every rank, ``commit`` on one) lives in
-:mod:`rayguard.checkpoint.writer` and :mod:`rayguard.checkpoint.commit`.
+:mod:`rayguard.checkpoint.writer` and :mod:`rayguard.checkpoint.commit`; it is internal (the
+training loop reaches it through ``rayguard.train.report``), and its names here are deprecated.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rayguard.checkpoint.commit import cleanup_staging, commit, discard_staging, staging_dir_for
+from rayguard import _deprecated
+from rayguard.checkpoint.commit import commit as _commit
 from rayguard.checkpoint.fallback import (
     LoadResult,
     Rejection,
@@ -31,22 +33,30 @@ from rayguard.checkpoint.verify import Problem, VerifyReport, verify
 
 if TYPE_CHECKING:
     from rayguard.checkpoint.api import load, save
-    from rayguard.checkpoint.reader import read_shard, shard_rank_for
     from rayguard.checkpoint.rng import RNG_STATE_KEY, capture_rng_state, restore_rng_state
-    from rayguard.checkpoint.writer import write_shard
 
 # Names whose modules import torch (seconds): loaded on first use, so that reading and
 # verifying checkpoints (the `rayguard checkpoint` CLI, every `rayguard` command) does not
 # import torch.
-_LAZY = {"load": "api", "save": "api", "read_shard": "reader", "shard_rank_for": "reader",
-         "RNG_STATE_KEY": "rng", "capture_rng_state": "rng", "restore_rng_state": "rng",
-         "write_shard": "writer"}
+_LAZY = {"load": "api", "save": "api", "RNG_STATE_KEY": "rng", "capture_rng_state": "rng",
+         "restore_rng_state": "rng"}
+
+# The multi-rank protocol's steps, exported in 0.1; deprecated here (see rayguard._deprecated).
+_INTERNAL = {"cleanup_staging": "rayguard.checkpoint.commit",
+             "discard_staging": "rayguard.checkpoint.commit",
+             "staging_dir_for": "rayguard.checkpoint.commit",
+             "read_shard": "rayguard.checkpoint.reader",
+             "shard_rank_for": "rayguard.checkpoint.reader",
+             "write_shard": "rayguard.checkpoint.writer"}
+_moved = _deprecated.moved("rayguard.checkpoint", _INTERNAL)
+commit = _deprecated.shadowing("rayguard.checkpoint", _commit, "rayguard.checkpoint.commit")
+"""Deprecated here: :func:`rayguard.checkpoint.commit.commit`."""
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'rayguard.checkpoint' has no attribute {name!r}")
+        return _moved(name)
     value = getattr(importlib.import_module(f"rayguard.checkpoint.{module}"), name)
     globals()[name] = value
     return value
@@ -63,20 +73,13 @@ __all__ = [
     "ShardRecord",
     "VerifyReport",
     "capture_rng_state",
-    "cleanup_staging",
-    "commit",
-    "discard_staging",
     "find_latest_valid",
     "load",
     "load_latest_valid",
     "normalize_state_dict_keys",
     "read_manifest",
-    "read_shard",
     "restore_rng_state",
     "save",
     "scan",
-    "shard_rank_for",
-    "staging_dir_for",
     "verify",
-    "write_shard",
 ]

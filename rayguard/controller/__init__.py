@@ -8,3 +8,5 @@ Each applies what a pure planner returns as data (``placement.numa``, ``elastic.
 ``elastic.geometry``, ``health.crash_loop``); Ray's private classes they build on come from
 :mod:`rayguard._ray.train`. Nothing here is re-exported: ``RobustTrainer`` wires them in.
 """
+
+__all__: list[str] = []  # nothing to import: wired in by RobustTrainer

@@ -6,6 +6,7 @@ resizes. Pure planners (:mod:`.geometry`, :mod:`.remap`, :mod:`.resharding`), th
 
 from __future__ import annotations
 
+from rayguard import _deprecated
 from rayguard.elastic.geometry import (
     check_world_size,
     grad_accum_steps,
@@ -16,10 +17,7 @@ from rayguard.elastic.geometry import (
 from rayguard.elastic.remap import (
     RankAssignment,
     WorkerSlot,
-    assignment_from_state,
     plan_ranks,
-    slot_key,
-    slots_from_workers,
 )
 from rayguard.elastic.resharding import ReshardError, plan_state_sources
 from rayguard.elastic.sampler import ElasticSampler
@@ -29,14 +27,16 @@ __all__ = [
     "RankAssignment",
     "ReshardError",
     "WorkerSlot",
-    "assignment_from_state",
     "check_world_size",
     "grad_accum_steps",
     "largest_valid_at_most",
     "plan_ranks",
     "plan_state_sources",
     "scaled_lr",
-    "slot_key",
-    "slots_from_workers",
     "valid_world_sizes",
 ]
+
+# The controller's slot bookkeeping, exported in 0.1; deprecated here.
+__getattr__ = _deprecated.moved("rayguard.elastic", {
+    "assignment_from_state": "rayguard.elastic.remap", "slot_key": "rayguard.elastic.remap",
+    "slots_from_workers": "rayguard.elastic.remap"})

@@ -11,5 +11,6 @@ throughput collapse, memory growth), :mod:`~rayguard.health.decisions` (the one
 """
 
 from rayguard.health.config import HealthConfig
+from rayguard.health.sweep_config import SweepHealthConfig
 
-__all__ = ["HealthConfig"]
+__all__ = ["HealthConfig", "SweepHealthConfig"]

@@ -9,3 +9,5 @@ and the event -> metric mapping in :mod:`~rayguard.observe.metrics`. Thin adapte
 :mod:`~rayguard.observe.observer` (inside the run's coordinator actor) and
 :mod:`~rayguard.observe.cli`.
 """
+
+__all__: list[str] = []  # nothing to import: used through the `rayguard` CLI and the event log

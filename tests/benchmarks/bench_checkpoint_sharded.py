@@ -17,6 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rayguard.checkpoint.commit import staging_dir_for
+from rayguard.checkpoint.reader import read_shard
+
 WORLD = 2
 
 
@@ -55,7 +58,7 @@ def _rayguard_save(root: Path, rep: int, rank: int, sharded: dict) -> None:
     final = str(root / f"checkpoint_{rep:09d}_a0")
     payload = {"__rayguard__": {"rng": ck.capture_rng_state(), "has_state": True},
                "state": {"step": rep}}
-    record, meshes = adapter.write_rank(str(ck.staging_dir_for(final)), rank, sharded, payload)
+    record, meshes = adapter.write_rank(str(staging_dir_for(final)), rank, sharded, payload)
     records: list = [None] * WORLD
     dist.all_gather_object(records, record)
     if rank == 0:
@@ -64,7 +67,6 @@ def _rayguard_save(root: Path, rep: int, rank: int, sharded: dict) -> None:
 
 
 def _rayguard_load(root: Path, rep: int, rank: int, sharded: dict) -> None:
-    from rayguard import checkpoint as ck
     from rayguard.checkpoint.sharded import verify_share
     from rayguard.train import sharded as adapter
 
@@ -74,7 +76,7 @@ def _rayguard_load(root: Path, rep: int, rank: int, sharded: dict) -> None:
     if any(shares):
         raise RuntimeError(f"{final} did not verify: {shares}")
     adapter.load(str(final), sharded)
-    ck.read_shard(final, rank)
+    read_shard(final, rank)
 
 
 def _verify_only(root: Path, rep: int, rank: int) -> None:

@@ -1,6 +1,8 @@
 """The public surface users code against; changing it must be deliberate."""
 
+import importlib
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -8,20 +10,100 @@ import rayguard
 from rayguard import GuardConfig, HealthConfig
 from rayguard.exceptions import ConfigError
 
-
-def test_public_names_are_pinned():
-    assert sorted(rayguard.__all__) == sorted([
-        "CheckpointConfig", "ConfigError", "GuardConfig", "HealthConfig", "RayGuardError", "RobustTrainer",
-        "__version__", "train",
-    ])
-    assert sorted(rayguard.train.__all__) == sorted([
+# Every package's __all__: what users import. A change here is a change of the contract.
+PUBLIC = {
+    "rayguard": [
+        "CheckpointConfig", "ConfigError", "GuardConfig", "HealthConfig", "RayGuardError",
+        "RobustTrainer", "SweepHealthConfig", "__version__", "train"],
+    "rayguard.train": [
         "ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_state", "report",
-        "should_checkpoint",
-    ])
-    assert sorted(rayguard.tune.__all__) == sorted([
+        "should_checkpoint"],
+    "rayguard.tune": [
         "HealthCallback", "SweepEvent", "SweepHealthConfig", "SweepNotDoneError", "TrialStatus",
-        "TuneRun", "Verdict", "read", "run",
-    ])
+        "TuneRun", "Verdict", "read", "run"],
+    "rayguard.checkpoint": [
+        "RNG_STATE_KEY", "FileRecord", "LoadResult", "Manifest", "Problem", "Rejection",
+        "ScanResult", "ShardRecord", "VerifyReport", "capture_rng_state", "find_latest_valid",
+        "load", "load_latest_valid", "normalize_state_dict_keys", "read_manifest",
+        "restore_rng_state", "save", "scan", "verify"],
+    "rayguard.elastic": [
+        "ElasticSampler", "RankAssignment", "ReshardError", "WorkerSlot", "check_world_size",
+        "grad_accum_steps", "largest_valid_at_most", "plan_ranks", "plan_state_sources",
+        "scaled_lr", "valid_world_sizes"],
+    "rayguard.health": ["HealthConfig", "SweepHealthConfig"],
+    "rayguard.doctor": [
+        "CODES", "DoctorReport", "DoctorUnavailableError", "Finding", "check_node",
+        "format_finding", "raise_on_errors", "run", "worker_preflight"],
+    "rayguard.placement": [
+        "BindingResult", "GpuInfo", "NodePlan", "NumaNode", "Topology", "TopologyError",
+        "WorkerPlan", "WorkerRequest", "bind_worker", "discover_topology", "load_topology_file",
+        "plan_cluster", "plan_node", "setup_numa", "topology_from_dict"],
+    "rayguard.serialization": [
+        "SerializerPolicy", "deregister_tensor_serializers", "is_registered",
+        "register_tensor_serializers"],
+    "rayguard.testing": ["Fault", "FaultInjector", "parse_faults"],
+    "rayguard.controller": [],
+    "rayguard.observe": [],
+    "rayguard._ray": [],
+}
+
+# Names 0.1 exported that left __all__: they still import, with a DeprecationWarning naming
+# their home (the object is the home's).
+DEPRECATED = {
+    "rayguard.checkpoint": {
+        "cleanup_staging": "rayguard.checkpoint.commit",
+        "commit": "rayguard.checkpoint.commit",
+        "discard_staging": "rayguard.checkpoint.commit",
+        "staging_dir_for": "rayguard.checkpoint.commit",
+        "read_shard": "rayguard.checkpoint.reader",
+        "shard_rank_for": "rayguard.checkpoint.reader",
+        "write_shard": "rayguard.checkpoint.writer"},
+    "rayguard.elastic": {
+        "assignment_from_state": "rayguard.elastic.remap",
+        "slot_key": "rayguard.elastic.remap",
+        "slots_from_workers": "rayguard.elastic.remap"},
+}
+
+
+def _packages() -> list[str]:
+    root = Path(rayguard.__file__).parent
+    return sorted(".".join(("rayguard", *p.parent.relative_to(root).parts))
+                  for p in root.rglob("__init__.py"))
+
+
+def test_every_package_is_pinned():
+    assert sorted(PUBLIC) == _packages()
+
+
+@pytest.mark.parametrize("package", sorted(PUBLIC))
+def test_public_names_are_pinned(package):
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(PUBLIC[package])
+    assert all(getattr(module, name) is not None for name in module.__all__)
+
+
+def test_every_config_is_reachable_from_rayguard():
+    from rayguard.config import CheckpointConfig, GuardConfig
+    from rayguard.health.config import HealthConfig
+    from rayguard.health.sweep_config import SweepHealthConfig
+
+    for config in (CheckpointConfig, GuardConfig, HealthConfig, SweepHealthConfig):
+        assert getattr(rayguard, config.__name__) is config
+
+
+@pytest.mark.parametrize("package, name", [(p, n) for p, names in DEPRECATED.items()
+                                           for n in names])
+def test_deprecated_names_still_import_with_a_warning(package, name):
+    module = importlib.import_module(package)
+    home = importlib.import_module(DEPRECATED[package][name])
+    assert name not in module.__all__
+    with pytest.warns(DeprecationWarning, match=f"{package}.{name} is internal.*"
+                      f"import it from {DEPRECATED[package][name]}"):
+        value = getattr(module, name)
+        if value is not getattr(home, name):  # a wrapper where a submodule has the name
+            assert value.__wrapped__ is getattr(home, name)
+            with pytest.raises(TypeError):
+                value()  # the call warns, then the real function refuses no arguments
 
 
 def test_robust_trainer_is_a_torch_trainer():

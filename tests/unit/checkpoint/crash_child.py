@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from rayguard.checkpoint import cleanup_staging, save
+from rayguard.checkpoint import save
+from rayguard.checkpoint.commit import cleanup_staging
 from rayguard.checkpoint.fsio import set_phase_hook, set_write_fault_hook
 
 KILL_POINTS = ("mid-shard", "shard-written", "manifest-written", "published")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from rayguard.checkpoint import cleanup_staging, find_latest_valid, load, verify
-from rayguard.checkpoint.commit import STAGING_PREFIX
+from rayguard.checkpoint import find_latest_valid, load, verify
+from rayguard.checkpoint.commit import STAGING_PREFIX, cleanup_staging
 from rayguard.checkpoint.fallback import list_candidates
 
 CHILD = Path(__file__).with_name("crash_child.py")

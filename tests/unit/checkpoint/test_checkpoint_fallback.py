@@ -12,17 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rayguard.checkpoint import (
-    find_latest_valid,
-    load,
-    load_latest_valid,
-    read_shard,
-    save,
-    scan,
-    verify,
-)
+from rayguard.checkpoint import find_latest_valid, load, load_latest_valid, save, scan, verify
 from rayguard.checkpoint.fallback import Candidate, order_candidates
 from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.reader import read_shard
 from rayguard.checkpoint.writer import shard_file_name
 from rayguard.exceptions import CheckpointCorruptError
 

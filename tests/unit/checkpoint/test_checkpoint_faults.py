@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rayguard.checkpoint import find_latest_valid, load, save, staging_dir_for, write_shard
+from rayguard.checkpoint import find_latest_valid, load, save
+from rayguard.checkpoint.commit import staging_dir_for
 from rayguard.checkpoint.fsio import inject_write_error
+from rayguard.checkpoint.writer import write_shard
 from rayguard.exceptions import CheckpointError
 
 

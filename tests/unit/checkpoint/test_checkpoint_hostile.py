@@ -17,7 +17,10 @@ import torch
 from rayguard import checkpoint as ck
 from rayguard.checkpoint import hashing, rejections
 from rayguard.checkpoint import sharded as sh
+from rayguard.checkpoint.commit import commit, staging_dir_for
 from rayguard.checkpoint.manifest import MANIFEST_NAME
+from rayguard.checkpoint.reader import read_shard
+from rayguard.checkpoint.writer import write_shard
 from rayguard.exceptions import CheckpointCorruptError, CheckpointError
 from rayguard.testing.forge import RunsCommand, command_pickle, forge_file
 
@@ -30,13 +33,13 @@ def _dcp_checkpoint(root: Path, step: int) -> Path:
     import torch.distributed.checkpoint as dcp
 
     final = root / f"checkpoint_{step:09d}_a0"
-    staging = ck.staging_dir_for(final)
+    staging = staging_dir_for(final)
     state = {"model": {"w": torch.full((300,), float(step))}, "extra": {"n": step}}
     dcp.save(state, checkpoint_id=str(staging / sh.DCP_DIR), no_dist=True)
-    plain = ck.write_shard(staging, 0, {"step": step})
+    plain = write_shard(staging, 0, {"step": step})
     record = ck.ShardRecord(0, plain.files + sh.record_dcp_files(staging, 0))
     meta = {sh.SHARDED_KEY: sh.describe_sharded(1, [], ["model", "extra"])}
-    return ck.commit(staging, final, [record], world_size=1, step=step, metadata=meta)
+    return commit(staging, final, [record], world_size=1, step=step, metadata=meta)
 
 
 def _load_dcp(path: Path) -> dict:
@@ -132,7 +135,7 @@ def test_planted_staging_link_is_refused(tmp_path):
     root = tmp_path / "run"
     root.mkdir()
     final = root / "checkpoint_000002"
-    ck.staging_dir_for(final).symlink_to(elsewhere)
+    staging_dir_for(final).symlink_to(elsewhere)
     with pytest.raises(CheckpointError, match="is a symlink; refusing to write through it"):
         ck.save(final, {"w": torch.ones(3)}, step=2)
     assert list(elsewhere.iterdir()) == [] and not final.is_symlink()
@@ -144,7 +147,7 @@ def test_planted_shard_link_is_not_written_through(tmp_path):
     staging = tmp_path / "staging"
     staging.mkdir()
     (staging / SHARD).symlink_to(victim)
-    ck.write_shard(staging, 0, {"w": torch.ones(3)})
+    write_shard(staging, 0, {"w": torch.ones(3)})
     assert victim.read_text() == "precious" and not (staging / SHARD).is_symlink()
 
 
@@ -198,7 +201,7 @@ def test_crafted_shard_header_is_skipped(tmp_path, edit):
     older, newer = _two_checkpoints(tmp_path)
     _forge_header(newer, edit)
     with pytest.raises(CheckpointCorruptError):
-        ck.read_shard(newer, 0)
+        read_shard(newer, 0)
     assert ck.load_latest_valid(tmp_path, 0).state["step"] == 1
 
 
@@ -222,7 +225,7 @@ def test_forged_header_is_not_parsed(tmp_path):
     tracemalloc.start()
     try:
         with pytest.raises(CheckpointCorruptError, match="holding the shard header \\(not parsed\\)"):
-            ck.read_shard(path, 0)
+            read_shard(path, 0)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

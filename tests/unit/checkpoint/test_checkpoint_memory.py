@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rayguard import checkpoint as ck
+from rayguard.checkpoint.commit import commit
 from rayguard.checkpoint.memory import (
     Snapshot,
     SnapshotRegistry,
@@ -16,7 +17,8 @@ from rayguard.checkpoint.memory import (
     matches_manifest,
     pack_shard,
 )
-from rayguard.checkpoint.reader import read_shard_bytes
+from rayguard.checkpoint.reader import read_shard, read_shard_bytes
+from rayguard.checkpoint.writer import write_shard
 from rayguard.exceptions import CheckpointCorruptError
 
 
@@ -29,8 +31,8 @@ def _payload():
 
 def _committed(tmp_path, payloads):
     staging = tmp_path / ".staging-c"
-    records = [ck.write_shard(staging, r, p) for r, p in enumerate(payloads)]
-    final = ck.commit(staging, tmp_path / "c", records, world_size=len(payloads), step=3)
+    records = [write_shard(staging, r, p) for r, p in enumerate(payloads)]
+    final = commit(staging, tmp_path / "c", records, world_size=len(payloads), step=3)
     return final, records
 
 
@@ -63,7 +65,7 @@ def test_load_snapshot_decodes_a_matching_copy(tmp_path):
     assert matches_manifest(digests_of(records[0]), manifest, 0)
     loaded = load_snapshot(files, manifest, 0, str(final))
     assert _equal(loaded, payload)
-    assert _equal(loaded, ck.read_shard(final, 0))
+    assert _equal(loaded, read_shard(final, 0))
     # fresh memory: changing the copy afterwards does not change the state
     files[records[0].files[0].path][:] = 0
     assert _equal(loaded, payload)

@@ -12,7 +12,10 @@ import torch
 
 from rayguard import checkpoint as ck
 from rayguard.checkpoint import sharded as sh
+from rayguard.checkpoint.commit import commit, staging_dir_for
 from rayguard.checkpoint.manifest import FileRecord, Manifest
+from rayguard.checkpoint.reader import read_shard
+from rayguard.checkpoint.writer import write_shard
 from rayguard.exceptions import CheckpointError, SerializationError
 
 
@@ -66,15 +69,15 @@ def _dcp_checkpoint(root: Path, step: int, value: float) -> Path:
     import torch.distributed.checkpoint as dcp
 
     final = root / f"checkpoint_{step:09d}_a0"
-    staging = ck.staging_dir_for(final)
+    staging = staging_dir_for(final)
     state = {"model": {"w": torch.full((3000,), value), "b": torch.arange(7.0)}}
     dcp.save(state, checkpoint_id=str(staging / sh.DCP_DIR), no_dist=True)
-    plain = ck.write_shard(staging, 0, {"step": step})
+    plain = write_shard(staging, 0, {"step": step})
     record = ck.ShardRecord(0, plain.files + sh.record_dcp_files(staging, 0))
     dcp_records = [f for f in record.files if f.path.startswith("dcp/")]
     sh.check_complete(dcp_records, os.listdir(staging / sh.DCP_DIR), 1)
     meta = {sh.SHARDED_KEY: sh.describe_sharded(1, [], ["model"])}
-    return ck.commit(staging, final, [record], world_size=1, step=step, metadata=meta)
+    return commit(staging, final, [record], world_size=1, step=step, metadata=meta)
 
 
 def _flip(path: Path) -> None:
@@ -112,7 +115,7 @@ def test_damaged_dcp_file_is_rejected_and_the_older_one_chosen(tmp_path, damage,
 
 def test_plain_shard_reads_beside_the_dcp_files(tmp_path):
     path = _dcp_checkpoint(tmp_path, 3, 0.5)
-    assert ck.read_shard(path, 0) == {"step": 3}
+    assert read_shard(path, 0) == {"step": 3}
 
 
 # -- with a real (single-process) gloo group: DTensors and the DCP adapter -----------------
@@ -147,7 +150,7 @@ def test_dtensor_found_in_plain_state_and_refused_by_the_format(group):
     message = sh.dtensor_error_message(paths[:1], 1)
     assert "rank 1" in message and "sharded={'model': model, 'optim': opt}" in message
     with pytest.raises(SerializationError, match=r"is a DTensor.*sharded="):
-        ck.write_shard(Path("/nonexistent-never-written"), 0, state)
+        write_shard(Path("/nonexistent-never-written"), 0, state)
 
 
 def test_check_sharded_arg(group):
@@ -193,7 +196,7 @@ def test_write_rank_and_commit_sharded(group, tmp_path):
 
     model = _fsdp_model()
     final = str(tmp_path / "checkpoint_000000004_a0")
-    staging = str(ck.staging_dir_for(final))
+    staging = str(staging_dir_for(final))
     record, meshes = adapter.write_rank(staging, 0, {"model": model}, {"step": 4})
     assert {f.path for f in record.files} == {
         "shard-rank00000.safetensors", "dcp/.metadata", "dcp/__0_0.distcp"}
@@ -205,7 +208,7 @@ def test_write_rank_and_commit_sharded(group, tmp_path):
     assert manifest.metadata["attempt"] == 0 and ck.verify(path).ok
     # a file nobody hashed: the commit refuses and leaves no staging directory behind
     final2 = str(tmp_path / "checkpoint_000000005_a0")
-    staging2 = ck.staging_dir_for(final2)
+    staging2 = staging_dir_for(final2)
     record2, _ = adapter.write_rank(str(staging2), 0, {"model": model}, {"step": 5})
     (staging2 / "dcp" / "__0_1.distcp").write_bytes(b"x")
     with pytest.raises(CheckpointError, match=r"written but not hashed \['__0_1.distcp'\]"):

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayguard.elastic import (
-    WorkerSlot,
+from rayguard.elastic import WorkerSlot, plan_ranks
+from rayguard.elastic.remap import (
     assignment_from_state,
-    plan_ranks,
+    initial_order,
+    slot_from_key,
     slot_key,
     slots_from_workers,
 )
-from rayguard.elastic.remap import initial_order, slot_from_key
 from rayguard.exceptions import ConfigError
 
 
