@@ -244,9 +244,10 @@ def read_state(collective: Collective, chosen: str, local: str, *,
     from pathlib import Path
 
     from rayguard import checkpoint as ck
+    from rayguard.checkpoint import reader
 
     def read_shard(directory: str, rank: int) -> Any:
-        return memory[rank] if memory and rank in memory else ck.read_shard(directory, rank)
+        return memory[rank] if memory and rank in memory else reader.read_shard(directory, rank)
 
     rank, world_size = collective.rank, collective.world_size
     manifest = ck.read_manifest(Path(local))

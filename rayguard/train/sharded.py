@@ -168,9 +168,10 @@ def write_rank(staging: str, rank: int, sharded: dict[str, Any],
     rank wrote hashed. Returns the record and the meshes found."""
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.sharded import record_dcp_files
+    from rayguard.checkpoint.writer import write_shard
 
     meshes = save(staging, sharded)
-    plain = ck.write_shard(staging, rank, payload)
+    plain = write_shard(staging, rank, payload)
     return ck.ShardRecord(rank, plain.files + record_dcp_files(staging, rank)), meshes
 
 
@@ -179,19 +180,19 @@ def commit_sharded(final: str, records: list[ShardRecord], *, world_size: int, s
                    metadata: dict[str, Any] | None = None) -> Path:
     """The committer's step (rank 0): check that the records cover DCP's directory exactly,
     describe the sharded part in the manifest, write it last and publish atomically."""
-    from rayguard import checkpoint as ck
     from rayguard.checkpoint import sharded as sh
+    from rayguard.checkpoint.commit import commit, discard_staging, staging_dir_for
 
-    staging = ck.staging_dir_for(final)
+    staging = staging_dir_for(final)
     dcp_records = [f for r in records for f in r.files if f.path.startswith(f"{DCP_DIR}/")]
     try:
         sh.check_complete(dcp_records, os.listdir(staging / DCP_DIR), world_size)
     except BaseException:
-        ck.discard_staging(staging)
+        discard_staging(staging)
         raise
     meta = dict(metadata or {})
     meta[sh.SHARDED_KEY] = sh.describe_sharded(world_size, meshes, keys)
-    return ck.commit(staging, final, records, world_size=world_size, step=step, metadata=meta)
+    return commit(staging, final, records, world_size=world_size, step=step, metadata=meta)
 
 
 # -- the worker side of load_state(sharded=...) -------------------------------------------
