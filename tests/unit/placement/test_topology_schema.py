@@ -13,18 +13,11 @@ from hypothesis import strategies as st
 
 from rayguard.constants import TOPOLOGY_ENV_VAR
 from rayguard.exceptions import ConfigError
-from rayguard.placement.topology import (
-    UNKNOWN_NUMA,
-    TopologyError,
-    discover_gpus_sysfs,
-    discover_numa_nodes,
-    discover_topology,
-    format_cpulist,
-    load_topology_file,
-    normalize_bus_id,
-    parse_cpulist,
-    topology_from_dict,
-)
+from rayguard.placement.cpulist import format_cpulist, parse_cpulist
+from rayguard.placement.discovery import discover_gpus_sysfs, discover_numa_nodes
+from rayguard.placement.model import UNKNOWN_NUMA, normalize_bus_id
+from rayguard.placement.schema import TopologyError, load_topology_file, topology_from_dict
+from rayguard.placement.topology import discover_topology
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "topology_2socket.json"
 
