@@ -1,70 +1,41 @@
 """Checks of CUDA_VISIBLE_DEVICES, the GPUs and their NUMA nodes, and whether the driver,
-torch's CUDA and NCCL fit together. Pure functions over a NodeProbe."""
+torch's CUDA and NCCL fit together. Pure functions over a NodeProbe.
+
+CUDA_VISIBLE_DEVICES is parsed by :mod:`rayguard.placement.visible_devices`, the parser the
+worker's device pinning uses; this module turns its classified entries into findings."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from rayguard.doctor.findings import Finding
 from rayguard.doctor.probe import NodeProbe
-
-_UUID = re.compile(r"GPU-[0-9a-fA-F-]+")
-_MIG = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+/\d+/\d+|[0-9a-fA-F-]+)")
+from rayguard.placement.visible_devices import DeviceEntry, duplicate_keys, parse_visible_devices
 
 # Oldest Linux driver that runs any CUDA toolkit of a major version (minor-version
 # compatibility; NVIDIA's CUDA release notes, table 2).
 MIN_DRIVER_FOR_CUDA_MAJOR = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580, 65, 6)}
 
 
-@dataclass(frozen=True)
-class DeviceEntry:
-    raw: str
-    kind: str
-    """``index``, ``uuid``, ``mig`` or ``invalid``."""
-
-
-def parse_visible_devices(value: str) -> list[DeviceEntry]:
-    """Split CUDA_VISIBLE_DEVICES the way the CUDA runtime reads it (comma-separated)."""
-    if not value.strip():
-        return []
-    entries = []
-    for raw in (p.strip() for p in value.split(",")):
-        if re.fullmatch(r"-?\d+", raw):
-            kind = "index"
-        elif _UUID.fullmatch(raw):
-            kind = "uuid"
-        elif _MIG.fullmatch(raw):
-            kind = "mig"
-        else:
-            kind = "invalid"
-        entries.append(DeviceEntry(raw, kind))
-    return entries
-
-
 def _entry_findings(entries: list[DeviceEntry], probe: NodeProbe, value: str) -> list[Finding]:
     out = []
     subject = "CUDA_VISIBLE_DEVICES"
     for i, e in enumerate(entries):
-        if e.kind == "invalid":
+        if e.kind in ("invalid", "empty"):
             out.append(Finding("CVD_INVALID_ENTRY", "error", subject,
                                f"CUDA_VISIBLE_DEVICES={value!r}: entry {e.raw!r} is neither an "
                                "index, a GPU-<uuid> nor a MIG-<uuid>; CUDA ignores it and every "
                                "entry after it",
                                "use comma-separated indices (0,1) or UUIDs from `nvidia-smi -L`"))
             break
-        if e.kind == "index" and int(e.raw) < 0:
+        if e.negative:
             out.append(Finding("CVD_HIDES_ALL" if i == 0 else "CVD_INVALID_ENTRY",
                                "info" if i == 0 else "error", subject,
                                f"CUDA_VISIBLE_DEVICES={value!r}: a negative index hides "
                                f"{'every GPU' if i == 0 else 'every GPU after it'}",
                                "fine for CPU-only processes; otherwise list the GPUs to use"))
             break
-    seen: dict[str, int] = {}
-    for e in entries:
-        key = e.raw.lower() if e.kind != "index" else str(int(e.raw))
-        seen[key] = seen.get(key, 0) + 1
-    dups = sorted(k for k, n in seen.items() if n > 1)
+    dups = duplicate_keys(e.raw for e in entries)
     if dups:
         out.append(Finding("CVD_DUPLICATE", "error", subject,
                            f"CUDA_VISIBLE_DEVICES={value!r} names {', '.join(dups)} more than "
@@ -77,7 +48,7 @@ def _presence_findings(entries: list[DeviceEntry], probe: NodeProbe, value: str)
     if probe.gpus is None:
         return []
     subject, n = "CUDA_VISIBLE_DEVICES", len(probe.gpus)
-    valid = [e for e in entries if e.kind != "invalid" and not (e.kind == "index" and int(e.raw) < 0)]
+    valid = [e for e in entries if e.names_a_device]
     if n == 0:
         if valid:
             return [Finding("CVD_NO_GPUS", "warning", subject,

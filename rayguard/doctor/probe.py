@@ -16,23 +16,18 @@ import platform
 import re
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
-@dataclass
-class GpuInfo:
-    """One physical GPU of a node."""
-
-    index: int
-    uuid: str = ""
-    name: str = ""
-    pci_bus_id: str = ""
-    numa_node: int | None = None
-    """NUMA node from sysfs; ``None`` or -1 when the platform does not say."""
+from rayguard.placement.discovery import (
+    gpus_from_nvidia_smi,
+    gpus_from_proc,
+    numa_node_ids,
+    nvidia_device_files,
+)
+from rayguard.placement.model import GpuInfo
 
 
 @dataclass
@@ -101,60 +96,6 @@ def _ib_devices(root: str = "/sys/class/infiniband") -> list[str]:
         return []
 
 
-def _numa_nodes(root: str = "/sys/devices/system/node") -> int:
-    try:
-        return max(1, sum(1 for n in os.listdir(root) if re.fullmatch(r"node\d+", n)))
-    except OSError:
-        return 1
-
-
-def _pci_numa(bus_id: str) -> int | None:
-    bus = bus_id.lower()
-    if bus.count(":") == 2 and len(bus.split(":")[0]) == 8:
-        bus = bus[4:]  # nvidia-smi writes 00000000:3B:00.0, sysfs 0000:3b:00.0
-    try:
-        with open(f"/sys/bus/pci/devices/{bus}/numa_node") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _gpus_from_proc(root: str = "/proc/driver/nvidia/gpus") -> list[GpuInfo] | None:
-    """GPUs from the driver's procfs (cheap; no CUDA context). None without the driver."""
-    try:
-        buses = sorted(os.listdir(root))
-    except OSError:
-        return None
-    gpus = []
-    for i, bus in enumerate(buses):
-        info: dict[str, str] = {}
-        with contextlib.suppress(OSError), open(os.path.join(root, bus, "information")) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                info[key.strip()] = value.strip()
-        gpus.append(GpuInfo(index=i, uuid=info.get("GPU UUID", ""), name=info.get("Model", ""),
-                            pci_bus_id=bus, numa_node=_pci_numa(bus)))
-    return gpus
-
-
-def _gpus_from_nvidia_smi(timeout_s: float = 5.0) -> list[GpuInfo] | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "--query-gpu=index,uuid,name,pci.bus_id",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=timeout_s, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    gpus = []
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit():
-            gpus.append(GpuInfo(int(parts[0]), parts[1], parts[2], parts[3], _pci_numa(parts[3])))
-    return gpus
-
-
 def _driver_version() -> str | None:
     try:
         with open("/proc/driver/nvidia/version") as f:
@@ -200,12 +141,12 @@ def versions() -> dict[str, str]:
 
 def gpus(deep: bool = True) -> list[GpuInfo] | None:
     """The node's physical GPUs: procfs first, nvidia-smi when ``deep``; [] if none."""
-    found = _gpus_from_proc()
+    found = gpus_from_proc()
     if deep and not found:
-        found = _gpus_from_nvidia_smi() or found
+        found = gpus_from_nvidia_smi() or found
     if found is None:
-        return [] if not any(os.path.exists(f"/dev/nvidia{i}") for i in range(8)) else None
-    return found
+        return None if nvidia_device_files() else []
+    return list(found)
 
 
 def _storage(path: str | None) -> tuple[bool | None, int | None]:
@@ -266,7 +207,7 @@ def probe_local(env: Mapping[str, str] | None = None, *, storage_path: str | Non
     return NodeProbe(
         node=node or hostname, hostname=hostname, env=env, interfaces=_interfaces(),
         ib_devices=_ib_devices(), gpus=gpus(deep), cpu_count=_usable_cpus(),
-        numa_nodes=_numa_nodes(), versions=versions() if deep else {},
+        numa_nodes=max(1, len(numa_node_ids())), versions=versions() if deep else {},
         storage_path=storage_path, storage_exists=exists, storage_free_bytes=free,
         pythonpath_missing=[p for p in pp if not os.path.exists(p)], clock_s=time.time(),
         master_resolved=resolved, master_connect=connect,

@@ -3,21 +3,30 @@ machine when no cluster runs), then the per-node and cross-node checks."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
-from rayguard.doctor import probe as probe_module
+import rayguard.doctor.probe as probe_module
 from rayguard.doctor.checks import check_node
 from rayguard.doctor.drift import DEFAULT_MAX_SKEW_S, DEFAULT_MIN_FREE_BYTES, check_drift
 from rayguard.doctor.findings import Finding
 from rayguard.doctor.probe import NodeProbe, probe_local
 from rayguard.doctor.report import DoctorReport
 from rayguard.exceptions import RayGuardError
+from rayguard.placement import cpulist, discovery, model
+
+SHIPPED_MODULES: tuple[ModuleType, ...] = (cpulist, model, discovery, probe_module)
+"""What the probe task runs, pickled by value: the node then needs no rayguard import (faster
+cold start; a node without rayguard still reports, as version drift). All standard library
+only: the probe reads the machine through placement's discovery, which builds the plain
+records of :mod:`rayguard.placement.model`."""
 
 LOCAL_ONLY = "none"  # address meaning "do not look for a cluster"
 
@@ -59,6 +68,20 @@ def resolve_address(address: str | None) -> str | None:
                                  "`ray status` there, or pass --address none to check only this machine")
 
 
+@contextlib.contextmanager
+def shipped_by_value() -> Iterator[None]:
+    """While open, cloudpickle sends :data:`SHIPPED_MODULES`' code by value."""
+    import ray
+
+    for module in SHIPPED_MODULES:
+        ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        for module in SHIPPED_MODULES:
+            ray.cloudpickle.unregister_pickle_by_value(module)
+
+
 def _summary(p: NodeProbe, ray_node_id: str = "") -> dict[str, Any]:
     return {"node": p.node, "hostname": p.hostname, "ray_node_id": ray_node_id,
             "cpus": p.cpu_count, "gpus": None if p.gpus is None else len(p.gpus),
@@ -73,10 +96,7 @@ def _probe_cluster(env: Mapping[str, str] | None, storage_path: str | None,
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     refs: dict[Any, str] = {}
-    # Ship the probe module by value: the task then needs no rayguard import on the node
-    # (faster cold start; a node without rayguard still reports, as version drift).
-    ray.cloudpickle.register_pickle_by_value(probe_module)
-    try:
+    with shipped_by_value():
         task = ray.remote(probe_module.probe_on_node)
         sent = time.time()
         for n in nodes:
@@ -84,8 +104,6 @@ def _probe_cluster(env: Mapping[str, str] | None, storage_path: str | None,
             ref = task.options(num_cpus=0, scheduling_strategy=strategy, max_retries=0).remote(
                 dict(env or {}), storage_path, connect_timeout_s, n["NodeID"])
             refs[ref] = n["NodeID"]
-    finally:
-        ray.cloudpickle.unregister_pickle_by_value(probe_module)
     probes, windows, failures, ids = [], {}, [], []
     pending, deadline = list(refs), time.monotonic() + timeout_s
     while pending:

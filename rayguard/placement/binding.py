@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from rayguard.exceptions import ConfigError, WorkerSetupError
+from rayguard.placement.discovery import SYS_NODE_DIR
 from rayguard.placement.numa import NodePlan, WorkerPlan, WorkerRequest, plan_node
-from rayguard.placement.topology import SYS_NODE_DIR, discover_topology
+from rayguard.placement.topology import discover_topology
 
 logger = logging.getLogger("rayguard.placement")
 

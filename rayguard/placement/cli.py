@@ -18,13 +18,11 @@ from rayguard.connect import (
 )
 from rayguard.exceptions import ConfigError
 from rayguard.inert import inert, inert_lines
+from rayguard.placement.cpulist import format_cpulist
+from rayguard.placement.model import Topology
 from rayguard.placement.numa import NodePlan, WorkerRequest, plan_node
-from rayguard.placement.topology import (
-    Topology,
-    discover_topology,
-    format_cpulist,
-    topology_from_dict,
-)
+from rayguard.placement.schema import topology_from_dict
+from rayguard.placement.topology import discover_topology
 
 
 def register(subparsers: Any) -> None:

@@ -5,16 +5,18 @@ Never ``local_rank`` arithmetic: under Ray, a worker's GPUs need not be the ``lo
 visible device (Ray Train shares every local worker's GPUs in ``CUDA_VISIBLE_DEVICES`` so
 that NCCL can use peer-to-peer, and the order of actors on a node is Ray's, not ours).
 
-Everything here is pure; :func:`rayguard.train.setup` applies the result.
+``CUDA_VISIBLE_DEVICES`` is read by :mod:`rayguard.placement.visible_devices` (the parser
+the doctor uses too). Everything here is pure; :func:`rayguard.train.setup` applies the
+result.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rayguard.exceptions import WorkerSetupError
+from rayguard.placement.visible_devices import duplicate_keys, visible_ids
 
 
 @dataclass(frozen=True)
@@ -33,19 +35,6 @@ class CudaPlacement:
     @property
     def device(self) -> str:
         return "cpu" if self.ordinal is None else f"cuda:{self.ordinal}"
-
-
-def parse_visible_devices(value: str | None) -> list[str] | None:
-    """Split ``CUDA_VISIBLE_DEVICES``. ``None`` (unset) means every device is visible.
-
-    Entries are kept as written: integers (``"3"``), UUIDs (``"GPU-8f2c..."``) or MIG
-    instances (``"MIG-..."``, ``"MIG-GPU-.../1/0"``)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value in ("", "NoDevFiles"):
-        return []
-    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def _where(rank: int | None, node: str | None) -> str:
@@ -80,7 +69,7 @@ def resolve_cuda_device(
             "CUDA_VISIBLE_DEVICES at `ray start` (each GPU listed once) and the resources "
             "Ray advertises (`ray status`)."
         )
-    visible = parse_visible_devices(visible_devices)
+    visible = visible_ids(visible_devices)
     if visible is None:
         ordinals = _ordinals_all_visible(ids, device_count, where)
     else:
@@ -111,7 +100,7 @@ def _ordinals_all_visible(ids: tuple[str, ...], device_count: int, where: str) -
 
 
 def _ordinals_from_visible(ids: tuple[str, ...], visible: list[str], where: str) -> list[int]:
-    dupes = sorted(d for d, n in Counter(visible).items() if n > 1)
+    dupes = duplicate_keys(visible)
     if dupes:
         raise WorkerSetupError(
             f"{where}: CUDA_VISIBLE_DEVICES={','.join(visible)!r} lists {dupes} more than "

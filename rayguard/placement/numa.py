@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayguard.exceptions import ConfigError
-from rayguard.placement.topology import UNKNOWN_NUMA, GpuInfo, Topology
+from rayguard.placement.model import UNKNOWN_NUMA, GpuInfo, Topology
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ def gpu_probe(env: dict[str, str] | None = None, **kw: object) -> NodeProbe:
     defaults: dict[str, object] = dict(
         node="n1", hostname="n1", env=dict(env or {}), interfaces=["eth0", "ib0", "lo"],
         ib_devices=[], cpu_count=8, numa_nodes=2,
-        gpus=[GpuInfo(0, UUID0, "H100", "0000:3b:00.0", 0), GpuInfo(1, UUID1, "H100", "0000:86:00.0", 1)],
+        gpus=[GpuInfo(0, uuid=UUID0, name="H100", pci_bus_id="0000:3b:00.0", numa_node=0),
+              GpuInfo(1, uuid=UUID1, name="H100", pci_bus_id="0000:86:00.0", numa_node=1)],
         versions={"python": "3.11.7", "torch": "2.5.1", "torch_cuda": "12.4", "nccl": "2.21.5",
                   "driver": "550.54.15", "ray": "2.60.0", "rayguard": "0.1.0"},
     )

@@ -3,12 +3,7 @@ import pickle
 import pytest
 
 from rayguard.exceptions import WorkerSetupError
-from rayguard.placement.cuda import (
-    PinnedWorker,
-    check_unique_devices,
-    parse_visible_devices,
-    resolve_cuda_device,
-)
+from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
 
 
 def test_cpu_worker_has_no_ordinal():
@@ -82,13 +77,6 @@ def test_ordinal_out_of_range():
 def test_uuid_id_without_visible_devices_is_an_error():
     with pytest.raises(WorkerSetupError, match="only integer ids"):
         resolve_cuda_device(["GPU-aaaa"], None, 1)
-
-
-def test_parse_visible_devices_forms():
-    assert parse_visible_devices(None) is None
-    assert parse_visible_devices("") == []
-    assert parse_visible_devices("NoDevFiles") == []
-    assert parse_visible_devices(" 0, 2 ,") == ["0", "2"]
 
 
 def test_errors_pickle():
