@@ -1,4 +1,5 @@
-"""Every environment variable rayguard reads, with its default, in one place.
+"""Every environment variable rayguard reads, with its default, in one place (and the few
+fixed names and intervals that driver and workers must agree on).
 
 Names are ``RAYGUARD_*``. ``KNOWN_ENV_VARS`` is the full set (the doctor flags any other
 ``RAYGUARD_*`` name as a likely misspelling); ``ENV_VARS_TO_PROPAGATE`` are copied from the
@@ -45,8 +46,14 @@ RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 # RAY_ADDRESS makes Ray's State API pick the latest `ray start --head`, maybe another one's.
 RAY_ADDRESS_ENV_VAR = "RAY_ADDRESS"
 
-# Name of the event log written into the run directory.
+# Names of the event logs: a run's, in its run directory, and a sweep's, in its experiment
+# directory (paths are built by rayguard.events.files).
 EVENTS_FILENAME = "rayguard_events.jsonl"
+SWEEP_EVENTS_FILENAME = "rayguard_sweep_events.jsonl"
+
+# Rank 0 sends its progress (step, metrics) to the run's coordinator at most this often, in
+# seconds; the driver's progress line (rayguard.observe.progress) shows what arrived.
+SEND_INTERVAL_S = 2.0
 
 KNOWN_ENV_VARS = frozenset(
     {

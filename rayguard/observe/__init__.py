@@ -2,11 +2,13 @@
 report (``rayguard report``), export metrics through Ray's own metrics system, and detect
 straggling ranks.
 
-Pure parts: :mod:`~rayguard.observe.log` (reading), :mod:`~rayguard.observe.table`,
+The log itself (record shape, kinds, writer, reader) is :mod:`rayguard.events`'s.
+Pure parts: :mod:`~rayguard.observe.table`,
 :mod:`~rayguard.observe.timeline` (what happened, as data), :mod:`~rayguard.observe.causes`,
 :mod:`~rayguard.observe.steps` (worker-side step timing), :mod:`~rayguard.observe.straggler`
 and the event -> metric mapping in :mod:`~rayguard.observe.metrics`. Thin adapters:
-:mod:`~rayguard.observe.observer` (inside the run's coordinator actor) and
+:mod:`~rayguard.observe.observer` (inside the run's coordinator actor),
+:mod:`~rayguard.observe.progress` (the driver's console while ``fit()`` runs) and
 :mod:`~rayguard.observe.cli`.
 """
 

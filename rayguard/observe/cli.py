@@ -8,8 +8,8 @@ import json
 import sys
 from typing import Any
 
+from rayguard.events.read import follow, iter_events, locate
 from rayguard.inert import inert
-from rayguard.observe.log import follow, iter_events, locate
 from rayguard.observe.table import Filter, format_event, header
 
 

@@ -1,237 +1,26 @@
-"""Reading event logs, tolerantly: a run's ``rayguard_events.jsonl`` or a sweep's
-``rayguard_sweep_events.jsonl``, on a local path or any pyarrow filesystem URI
-(``s3://...``, ``gs://...``, ``file://...``).
-
-Unknown kinds, extra fields and lines that are not JSON (a line cut short by a crash) never
-break a reader: unknown fields are kept, a bad line is skipped and counted. Any bytes give
-events or skipped lines, never an exception (lines are read with :mod:`rayguard.safejson`:
-bounded size, depth and numbers), and a log is streamed, never read whole.
-"""
+"""Deprecated: the event log reader is :mod:`rayguard.events.read` (with
+:mod:`rayguard.events.lines`); this path keeps its old names importable."""
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import warnings
 from typing import Any
 
-from rayguard.constants import EVENTS_FILENAME
-from rayguard.safejson import MAX_LINE_BYTES, UnsafeJSONError, loads_line
-
-SWEEP_EVENTS_FILENAME = "rayguard_sweep_events.jsonl"
-CHUNK_BYTES = 1 << 16
-"""How much of a log is read at a time."""
-
-
-@dataclass
-class EventSource:
-    """Where a log lives: ``kind`` is ``"run"`` or ``"sweep"``; ``path`` is the JSONL file
-    on ``filesystem`` (``None``: the local filesystem)."""
-
-    kind: str
-    path: str
-    filesystem: Any = None
+_MOVED = {
+    "EventSource": "rayguard.events.lines", "LineReader": "rayguard.events.lines",
+    "CHUNK_BYTES": "rayguard.events.lines", "ParsedLog": "rayguard.events.read",
+    "locate": "rayguard.events.read", "normalize": "rayguard.events.read",
+    "parse_line": "rayguard.events.read", "parse_lines": "rayguard.events.read",
+    "iter_events": "rayguard.events.read", "read_log": "rayguard.events.read",
+    "follow": "rayguard.events.read", "SWEEP_EVENTS_FILENAME": "rayguard.constants",
+}
 
 
-@dataclass
-class ParsedLog:
-    events: list[dict[str, Any]] = field(default_factory=list)
-    bad_lines: int = 0
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-
-def _split_uri(location: str) -> tuple[Any, str]:
-    if "://" not in location or location.startswith("file://"):
-        return None, location.removeprefix("file://")
-    import pyarrow.fs as pafs
-
-    fs, path = pafs.FileSystem.from_uri(location)
-    return fs, path
-
-
-def _exists(fs: Any, path: str) -> bool:
-    if fs is None:
-        return os.path.isfile(path)
-    import pyarrow.fs as pafs
-
-    return fs.get_file_info(path).type == pafs.FileType.File
-
-
-def locate(location: str, filesystem: Any = None) -> EventSource:
-    """Find the event log of a run or sweep directory (or take the JSONL file itself)."""
-    fs, path = (filesystem, location) if filesystem is not None else _split_uri(location)
-    if path.endswith(".jsonl"):
-        kind = "sweep" if path.endswith(SWEEP_EVENTS_FILENAME) else "run"
-        return EventSource(kind, path, fs)
-    for kind, name in (("run", EVENTS_FILENAME), ("sweep", SWEEP_EVENTS_FILENAME)):
-        candidate = f"{path.rstrip('/')}/{name}"
-        if _exists(fs, candidate):
-            return EventSource(kind, candidate, fs)
-    raise FileNotFoundError(
-        f"no rayguard event log in {location} (looked for {EVENTS_FILENAME} and "
-        f"{SWEEP_EVENTS_FILENAME}). Fix: pass the run directory (Result.path) of a run started "
-        "with rayguard.RobustTrainer, or the experiment directory of rayguard.tune.run. A remote "
-        "run's log is uploaded when fit() ends."
-    )
-
-
-def normalize(raw: dict[str, Any], kind: str) -> dict[str, Any]:
-    """One shape for both logs. A sweep's records are written in the run's shape (with
-    ``trial_id``); files from earlier versions nest a sweep event's fields under ``data``,
-    which are lifted next to the run fields here."""
-    if kind != "sweep":
-        return raw
-    event = dict(raw)
-    data = event.pop("data", None)
-    if isinstance(data, dict):
-        for key, value in data.items():
-            event.setdefault(key, value)
-    event.setdefault("trial_id", None)
-    return event
-
-
-def parse_line(line: bytes | str, kind: str = "run") -> dict[str, Any] | None:
-    """One event from one line, or None for a line that is not one (not JSON, too long, too
-    deep, a number out of bounds, not an object, no string ``kind``, a ``time`` that is not
-    a number)."""
-    try:
-        raw = loads_line(line)
-    except UnsafeJSONError:
-        return None
-    if not isinstance(raw.get("kind"), str):
-        return None
-    stamp = raw.get("time")
-    if stamp is not None and (isinstance(stamp, (bool, str)) or not isinstance(stamp, (int, float))):
-        return None  # an event's time is a number ("nan" from a NaN literal is not one)
-    return normalize(raw, kind)
-
-
-def parse_lines(text: str, kind: str = "run") -> ParsedLog:
-    out = ParsedLog()
-    for line in text.splitlines():
-        if line.strip():
-            _add(out, parse_line(line, kind))
-    return _sorted(out)
-
-
-def _add(out: ParsedLog, event: dict[str, Any] | None) -> None:
-    if event is None:
-        out.bad_lines += 1
-    else:
-        out.events.append(event)
-
-
-def _sorted(out: ParsedLog) -> ParsedLog:
-    out.events.sort(key=lambda e: _num(e.get("time")))
-    return out
-
-
-def _num(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
-def _open(source: EventSource, offset: int) -> Any:
-    if source.filesystem is None:
-        f = open(source.path, "rb")  # noqa: SIM115 - closed by the caller's with
-        f.seek(offset)
-        return f
-    if offset == 0:
-        return source.filesystem.open_input_stream(source.path)
-    f = source.filesystem.open_input_file(source.path)
-    f.seek(offset)
-    return f
-
-
-class LineReader:
-    """Whole lines from a growing file, in bounded memory: reads ``chunk_bytes`` at a time
-    from ``offset`` on; a line longer than ``max_line_bytes`` is dropped as it streams by
-    (``None`` stands for it) instead of being buffered, and a last line without its newline
-    waits in :attr:`pending` (at most ``max_line_bytes``) for the next :meth:`read`."""
-
-    def __init__(self, source: EventSource, *, chunk_bytes: int = CHUNK_BYTES,
-                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
-        self.source, self.chunk_bytes, self.max_line_bytes = source, chunk_bytes, max_line_bytes
-        self.offset = 0
-        self.pending = b""
-        self._skipping = False  # inside a line already found too long
-
-    def read(self) -> Iterator[bytes | None]:
-        """The whole lines appended since the last call (``None``: a line too long)."""
-        with _open(self.source, self.offset) as f:
-            while True:
-                chunk = f.read(self.chunk_bytes)
-                if not chunk:
-                    return
-                self.offset += len(chunk)
-                yield from self._split(chunk)
-
-    def _split(self, chunk: bytes) -> Iterator[bytes | None]:
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            if end < 0:
-                break
-            piece, start = chunk[start:end], end + 1
-            if self._skipping:
-                self._skipping = False
-                continue
-            line, self.pending = self.pending + piece, b""
-            yield line if len(line) <= self.max_line_bytes else None
-        if not self._skipping:
-            self.pending += chunk[start:]
-            if len(self.pending) > self.max_line_bytes:
-                self.pending, self._skipping = b"", True
-                yield None
-
-    def finish(self) -> bytes | None:
-        """The last line when the file ended without a newline (a line cut by a crash)."""
-        line, self.pending = self.pending, b""
-        return line if line.strip() else None
-
-
-def iter_events(source: EventSource, counts: ParsedLog | None = None) -> Iterator[dict[str, Any]]:
-    """The events of a log in file order, streamed (memory bounded by one line); lines that
-    are not events are counted in ``counts.bad_lines``."""
-    out = counts if counts is not None else ParsedLog()
-    reader = LineReader(source)
-    for line in _with_tail(reader):
-        if line is not None and not line.strip():
-            continue
-        event = None if line is None else parse_line(line, source.kind)
-        if event is None:
-            out.bad_lines += 1
-        else:
-            yield event
-
-
-def _with_tail(reader: LineReader) -> Iterator[bytes | None]:
-    yield from reader.read()
-    tail = reader.finish()
-    if tail is not None:
-        yield tail
-
-
-def read_log(source: EventSource) -> ParsedLog:
-    """Every event of a log, sorted by time (the file is streamed, not read whole)."""
-    out = ParsedLog()
-    out.events.extend(iter_events(source, out))
-    return _sorted(out)
-
-
-def follow(source: EventSource, *, poll_s: float = 1.0, stop: Any = None) -> Iterator[dict[str, Any]]:
-    """Yield every event, then new ones as they are appended (a live run), until ``stop()``
-    returns True. Only whole lines are read; a line still being written waits for the next
-    poll (a line longer than the bound is skipped, not buffered). Remote files are re-read
-    from the last offset on each poll."""
-    reader = LineReader(source)
-    while True:
-        try:
-            for line in reader.read():
-                event = None if line is None else parse_line(line, source.kind)
-                if event is not None:
-                    yield event
-        except FileNotFoundError:
-            pass
-        if stop is not None and stop():
-            return
-        time.sleep(poll_s)
+    warnings.warn(f"rayguard.observe.log.{name} moved to {_MOVED[name]}.{name}",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(_MOVED[name]), name)

@@ -13,9 +13,9 @@ import json
 import os
 from typing import Any
 
-from rayguard.events import json_safe
+from rayguard.events.read import locate, read_log
+from rayguard.events.record import json_safe
 from rayguard.exceptions import RayGuardError
-from rayguard.observe.log import locate, read_log
 from rayguard.observe.timeline import build_run, build_sweep
 
 DATA_ELEMENT_ID = "rayguard-report-data"

@@ -112,12 +112,12 @@ class HealthCallback(Callback):
 
     def __init__(self, health: HealthConfig | None = None, *,
                  sweep_health: SweepHealthConfig | None = None,
-                 event_log: ev.EventLog | None = None,
+                 event_log: ev.SweepLog | None = None,
                  is_good_checkpoint: Callable[[str], bool] = checkpoint_is_good,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.health = health if health is not None else HealthConfig()
         self.sweep_health = resolve_sweep_health(self.health, sweep_health, "HealthCallback")
-        self.event_log = event_log if event_log is not None else ev.EventLog()
+        self.event_log = event_log if event_log is not None else ev.SweepLog()
         self._is_good = is_good_checkpoint
         self._clock = clock
         self._history = (max(self.sweep_health.window, self.sweep_health.min_results)

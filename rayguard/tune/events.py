@@ -1,39 +1,51 @@
 """The sweep's events: what the health callback saw and did, one record per happening.
 
-An :class:`EventLog` lives in the driver, is shared by the callback (writer) and the
-:class:`~rayguard.tune.handle.TuneRun` handle (reader, any thread), and appends each event
-to ``<experiment dir>/rayguard_sweep_events.jsonl`` once the directory is known, in the
-run log's record shape (:mod:`rayguard.events`: ``time``, ``kind``, ``rank``, ``node``,
-``step``, ``attempt``, ``detail``, plus ``trial_id`` and the event's data fields) through
-the run log's writer; :func:`read` uses the one reader of both logs
-(:mod:`rayguard.observe.log`), which also reads files written with a nested ``data``.
+A :class:`SweepLog` lives in the driver, is shared by the callback (writer) and the
+:class:`~rayguard.tune.handle.TuneRun` handle (reader, any thread), keeps every event in
+memory and, once the experiment directory is known, also appends each one to
+``<experiment dir>/rayguard_sweep_events.jsonl`` through the one writer of event logs
+(:class:`rayguard.events.EventLog`), in the run log's record shape (``time``, ``kind``,
+``rank``, ``node``, ``step``, ``attempt``, ``detail``, plus ``trial_id`` and the event's data
+fields). Kinds come from the one kind list (:mod:`rayguard.events.kinds`) and are checked
+the same way as a run's. :func:`read` uses the one reader (:mod:`rayguard.events.read`),
+which also reads files written with a nested ``data``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rayguard.events import BASE_FIELDS, append_events
-from rayguard.observe.log import SWEEP_EVENTS_FILENAME, EventSource, read_log
+from rayguard.constants import SWEEP_EVENTS_FILENAME
+from rayguard.events.files import sweep_events_path
+from rayguard.events.kinds import (
+    FAILED,
+    RESTART,
+    RESTORED,
+    SKIPPED,
+    STOP_REQUESTED,
+    SWEEP_FINISHED,
+    SWEEP_STARTED,
+    TRIAL_COMPLETED,
+    TRIAL_ERRORED,
+    TRIAL_STARTED,
+    UNHEALTHY,
+    check_kind,
+)
+from rayguard.events.lines import EventSource
+from rayguard.events.log import EventLog as _Writer
+from rayguard.events.read import read_log
+from rayguard.events.record import BASE_FIELDS
 
 EVENTS_FILE = SWEEP_EVENTS_FILENAME
 
-# kinds
-SWEEP_STARTED = "sweep_started"
-TRIAL_STARTED = "trial_started"
-UNHEALTHY = "unhealthy"
-RESTART = "restart"
-RESTORED = "restored"
-FAILED = "failed"
-SKIPPED = "skipped"
-TRIAL_COMPLETED = "trial_completed"
-TRIAL_ERRORED = "trial_errored"
-STOP_REQUESTED = "stop_requested"
-SWEEP_FINISHED = "sweep_finished"
+__all__ = ["EVENTS_FILE", "FAILED", "RESTART", "RESTORED", "SKIPPED", "STOP_REQUESTED",
+           "SWEEP_FINISHED", "SWEEP_STARTED", "TRIAL_COMPLETED", "TRIAL_ERRORED",
+           "TRIAL_STARTED", "UNHEALTHY", "SweepEvent", "SweepLog", "read"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,7 @@ class SweepEvent:
     time: float
     """``time.time()`` when it happened."""
     kind: str
-    """One of the kinds above (``unhealthy``, ``restart``, ``failed``, ...)."""
+    """One of the sweep kinds (``unhealthy``, ``restart``, ``failed``, ...)."""
     trial_id: str | None
     detail: str
     """A sentence a person can read."""
@@ -64,7 +76,7 @@ class SweepEvent:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SweepEvent:
-        """The event from a record read by :mod:`rayguard.observe.log` (either shape)."""
+        """The event from a record read by :mod:`rayguard.events.read` (either shape)."""
         data = {k: v for k, v in record.items() if k not in _RECORD_FIELDS}
         return cls(record["time"], record["kind"], record.get("trial_id"),
                    record.get("detail", ""), data)
@@ -73,53 +85,48 @@ class SweepEvent:
 _RECORD_FIELDS = frozenset((*BASE_FIELDS, "trial_id"))
 
 
-class EventLog:
+class SweepLog:
     """Thread-safe, append-only list of :class:`SweepEvent` with an optional JSONL file."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._events: list[SweepEvent] = []
-        self._path: Path | None = None
+        self._writer: _Writer | None = None
 
     def attach(self, directory: str | None) -> None:
         """Also write events (past and future) to ``directory``/:data:`EVENTS_FILE`."""
         if directory is None or "://" in directory:
             return
         with self._lock:
-            if self._path is not None:
+            if self._writer is not None:
                 return
-            self._path = Path(directory) / EVENTS_FILE
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            # a failed write is not reported: the log in memory stays complete
+            self._writer = _Writer(sweep_events_path(directory), warn=False)
+            self._writer.path.parent.mkdir(parents=True, exist_ok=True)
             self._write(self._events)
 
     @property
     def path(self) -> Path | None:
         """The JSONL file events are appended to; None before :meth:`attach`."""
-        return self._path
+        return None if self._writer is None else self._writer.path
 
     def record(self, kind: str, trial_id: str | None, detail: str,
                **data: Any) -> SweepEvent:
-        event = SweepEvent(time.time(), kind, trial_id, detail, data)
+        event = SweepEvent(time.time(), check_kind(kind), trial_id, detail, data)
         with self._lock:
             self._events.append(event)
-            if self._path is not None:
-                self._write([event])
+            self._write([event])
         return event
 
     def extend(self, events: list[SweepEvent]) -> None:
         """Add events recorded earlier (a resumed sweep's history), keeping their times."""
         with self._lock:
             self._events.extend(events)
-            if self._path is not None:
-                self._write(events)
+            self._write(events)
 
     def _write(self, events: list[SweepEvent]) -> None:
-        if self._path is None:
-            return
-        try:
-            append_events(self._path, [e.to_record() for e in events])
-        except OSError:
-            pass  # the log in memory stays complete; the file is a convenience
+        if self._writer is not None:
+            self._writer.extend([e.to_record() for e in events])
 
     def events(self, kind: str | None = None, trial_id: str | None = None
                ) -> list[SweepEvent]:
@@ -138,13 +145,22 @@ class EventLog:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._lock = threading.Lock()
         self._events = list(state["events"])
-        self._path = state["path"]
+        path = state.get("path")
+        self._writer = None if path is None else _Writer(path, warn=False)
 
 
 def read(path: str | Path) -> list[SweepEvent]:
     """The events of a sweep from its experiment directory (or the file itself)."""
     path = Path(path)
     if path.is_dir():
-        path = path / EVENTS_FILE
+        path = sweep_events_path(path)
     parsed = read_log(EventSource("sweep", str(path)))
     return [SweepEvent.from_record(record) for record in parsed.events]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EventLog":  # the sweep's log had the run writer's name
+        warnings.warn("rayguard.tune.events.EventLog is now rayguard.tune.events.SweepLog",
+                      DeprecationWarning, stacklevel=2)
+        return SweepLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -77,7 +77,7 @@ def main() -> None:
     size = os.path.getsize(os.path.join(run_dir, "rayguard_events.jsonl"))
     print(f"log: {n} events, {size / 2**20:.1f} MiB")
 
-    from rayguard.observe.log import locate, read_log
+    from rayguard.events.read import locate, read_log
     from rayguard.observe.report import write_report
 
     # CPU seconds beside wall seconds: on a shared, loaded machine the wall time mostly

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 import rayguard
-from rayguard.observe.log import locate, read_log
+from rayguard.events.read import locate, read_log
 from rayguard.observe.report import embedded_data, write_report
 from rayguard.testing.recorder import make_trainer
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from rayguard import logs
-from rayguard.progress import event_line, progress_line
+from rayguard.observe.progress import event_line, progress_line
 
 
 @pytest.mark.parametrize(("value", "level"), [("DEBUG", logging.DEBUG), ("warning", logging.WARNING),

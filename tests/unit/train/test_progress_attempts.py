@@ -4,7 +4,7 @@ On the coordinator's class itself (no Ray) and the printer's pure step."""
 
 from __future__ import annotations
 
-from rayguard.progress import next_line
+from rayguard.observe.progress import next_line
 from rayguard.train.coordinator import RunCoordinator
 
 

@@ -69,7 +69,7 @@ def test_rewind_drops_what_came_after_the_checkpoint():
 
 
 def test_event_log_memory_file_and_pickle(tmp_path):
-    log = ev.EventLog()
+    log = ev.SweepLog()
     log.record(ev.SWEEP_STARTED, None, "go")
     log.attach(str(tmp_path))
     log.record(ev.UNHEALTHY, "t1", "nan", verdict={"value": float("nan")})
@@ -87,7 +87,7 @@ def test_event_log_memory_file_and_pickle(tmp_path):
 
 
 def test_event_log_attach_remote_is_memory_only():
-    log = ev.EventLog()
+    log = ev.SweepLog()
     log.attach("s3://bucket/exp")
     log.record(ev.SWEEP_STARTED, None, "go")
     assert len(log) == 1

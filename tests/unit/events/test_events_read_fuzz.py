@@ -10,8 +10,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rayguard.events.lines import EventSource
+from rayguard.events.read import iter_events, parse_line
 from rayguard.inert import inert
-from rayguard.observe.log import EventSource, iter_events, parse_line
 from rayguard.observe.report import data_json
 from rayguard.observe.table import format_event
 from rayguard.observe.timeline import build_run, build_sweep

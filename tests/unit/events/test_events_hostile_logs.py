@@ -15,7 +15,7 @@ import tracemalloc
 import pytest
 
 from rayguard.cli import main
-from rayguard.observe.log import follow, locate, read_log
+from rayguard.events.read import follow, locate, read_log
 
 GOOD = {"time": 100.0, "kind": "start", "rank": None, "node": None, "step": None, "attempt": 0,
         "detail": "fit() started"}

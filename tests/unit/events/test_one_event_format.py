@@ -8,12 +8,12 @@ import math
 
 from rayguard import events as run_events
 from rayguard.cli import main
-from rayguard.observe.log import locate, read_log
+from rayguard.events.read import locate, read_log
 from rayguard.tune import events as ev
 
 
 def test_a_sweep_record_has_the_run_shape_plus_trial_id(tmp_path):
-    log = ev.EventLog()
+    log = ev.SweepLog()
     log.attach(str(tmp_path))
     log.record(ev.UNHEALTHY, "t1", "loss=nan", verdict={"value": math.nan, "check": "nonfinite"})
     (line,) = (tmp_path / ev.EVENTS_FILE).read_text().splitlines()
@@ -30,7 +30,7 @@ def test_one_reader_gives_the_same_events_for_old_and_new_sweep_files(tmp_path):
     with open(old / ev.EVENTS_FILE, "w") as f:  # as rayguard wrote it before
         f.write(json.dumps({"time": 1.0, "kind": "restart", "trial_id": "t1", "detail": "again",
                             "data": {"checkpoint_iteration": 4, "check": "stall"}}) + "\n")
-    log = ev.EventLog()
+    log = ev.SweepLog()
     log.attach(str(new))
     log.extend([ev.SweepEvent(1.0, "restart", "t1", "again",
                               {"checkpoint_iteration": 4, "check": "stall"})])
@@ -41,7 +41,7 @@ def test_one_reader_gives_the_same_events_for_old_and_new_sweep_files(tmp_path):
 
 
 def test_a_data_field_named_like_a_base_field_is_kept(tmp_path):
-    log = ev.EventLog()
+    log = ev.SweepLog()
     log.attach(str(tmp_path))
     log.record(ev.SKIPPED, "t1", "x", step=3)
     (event,) = ev.read(tmp_path)
@@ -60,7 +60,7 @@ def test_run_log_uses_the_same_writer_and_reader(tmp_path):
 
 
 def test_rayguard_events_prints_a_sweep_log(tmp_path, capsys):
-    log = ev.EventLog()
+    log = ev.SweepLog()
     log.attach(str(tmp_path))
     log.record(ev.TRIAL_STARTED, "t9", "trial t9 started", restarts=0)
     assert main(["events", str(tmp_path), "--json"]) == 0

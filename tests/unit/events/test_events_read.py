@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rayguard.cli import main
-from rayguard.observe.log import follow, locate, parse_lines, read_log
+from rayguard.events.read import follow, locate, parse_lines, read_log
 from rayguard.observe.table import Filter, format_event, one_line
 
 
