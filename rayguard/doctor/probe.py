@@ -1,9 +1,10 @@
 """What a node reports to the doctor: a plain record, and the thin code that reads the machine.
 
 Every check in :mod:`rayguard.doctor` is a pure function over :class:`NodeProbe`, so tests
-craft probes by hand; only :func:`probe_local` touches the real machine. The probe never
-imports torch unless the node has GPUs and no ``nvidia-smi`` (versions are read from the
-installed packages' metadata), so it stays fast on CPU nodes.
+craft probes by hand; only :func:`probe_local` touches the real machine, reading GPUs and
+NUMA nodes through :mod:`rayguard.placement.discovery` (the discovery NUMA placement uses).
+The probe never imports torch (versions are read from the installed packages' metadata and
+``torch/version.py``), so it stays fast on CPU nodes.
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def versions() -> dict[str, str]:
 
 
 def gpus(deep: bool = True) -> list[GpuInfo] | None:
-    """The node's physical GPUs: procfs first, nvidia-smi when ``deep``; [] if none."""
+    """The node's physical GPUs: procfs first, nvidia-smi when ``deep``; [] if none; None
+    when ``/dev/nvidia*`` exists but neither source could list them."""
     found = gpus_from_proc()
     if deep and not found:
         found = gpus_from_nvidia_smi() or found
@@ -218,8 +220,9 @@ def probe_local(env: Mapping[str, str] | None = None, *, storage_path: str | Non
 def probe_on_node(env: Mapping[str, str] | None, storage_path: str | None,
                   connect_timeout_s: float, ray_node_id: str) -> dict[str, Any]:
     """Body of the doctor's Ray task: this node's record as a plain dict, with ``env`` laid
-    over the worker's environment. Uses the standard library (and psutil) only, so the
-    runner can ship this module by value to nodes without importing rayguard there."""
+    over the worker's environment. Uses the standard library (and psutil, optionally) and
+    :mod:`rayguard.placement.discovery` only, so the runner ships both by value
+    (:data:`rayguard.doctor.runner.SHIPPED_MODULES`) and nodes never import rayguard."""
     merged = dict(os.environ)
     merged.update(env or {})
     probe = probe_local(merged, storage_path=storage_path, connect_timeout_s=connect_timeout_s)

@@ -45,7 +45,7 @@ def test_hides_all_and_no_gpus():
 
 def test_gpu_stack_clean_and_numa_unknown():
     assert check_gpu_stack(gpu_probe()) == []
-    lost = [GpuInfo(0, uuid=UUID0, numa_node=-1), GpuInfo(1, numa_node=None)]  # type: ignore[arg-type]
+    lost = [GpuInfo(0, uuid=UUID0, numa_node=-1), GpuInfo(1, numa_node=None)]
     assert codes(check_gpu_stack(gpu_probe(gpus=lost))) == ["GPU_NUMA_UNKNOWN"]
     assert check_gpu_stack(gpu_probe(gpus=lost, numa_nodes=1)) == []
 
