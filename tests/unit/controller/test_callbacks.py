@@ -85,3 +85,20 @@ def test_an_injected_nan_reads_as_a_nan_detection() -> None:
     assert cause == "nan" and "injected" not in reason
     cause, _, _ = describe_failure(ActorDiedError(), "injected kill")  # other faults unchanged
     assert cause == "injected kill"
+
+
+def test_worker_died_carries_the_classified_failure(coordinator, events) -> None:
+    from rayguard.exceptions import ConfigError
+
+    callback = RayGuardCallback(coordinator)
+    callback.before_worker_group_start(None)
+    coordinator.target.put("cause:0:1", "injected kill")
+    callback.after_worker_group_poll_status(status({
+        0: UserExceptionWithTraceback(ConfigError("bad value"), "tb"), 1: ActorDiedError(),
+        2: ValueError("my bug")}))
+    died = {e["rank"]: e for e in events() if e["kind"] == "worker_died"}
+    fields = ("cause", "failure", "fatal", "retry", "error_type")
+    assert tuple(died[0][k] for k in fields) == (
+        "error", "config", True, "not_retried", "rayguard.exceptions.ConfigError")
+    assert tuple(died[1][k] for k in fields[:4]) == ("injected kill", "kill", False, "retried")
+    assert tuple(died[2][k] for k in fields[:4]) == ("error", "error", False, "after_one_repeat")

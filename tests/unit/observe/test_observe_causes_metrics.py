@@ -16,7 +16,8 @@ def _ev(kind, **kw):
             "detail": "", **kw}
 
 
-def test_causes():
+def test_causes_of_a_log_written_by_0_1_are_read_from_its_text():
+    # worker_died events of rayguard 0.1 carry no "failure" field
     assert failure_cause([_ev("worker_died", detail=RAY_DEATH)]) == "kill"
     assert failure_cause([_ev("stall_detected"), _ev("worker_died", detail=RAY_DEATH)]) == "hang"
     assert failure_cause([_ev("nan_detected"), _ev("worker_died", detail="NonFiniteMetricError")]) == "nan"
@@ -26,6 +27,19 @@ def test_causes():
     assert failure_cause([_ev("worker_died", detail="rank 1 failed: WorkerHealthCheckFailedError: "
                               "A worker health check failed.")]) == "kill"
     assert failure_cause([]) == "unknown"
+
+
+def test_causes_come_from_the_classified_failure_field():
+    died = _ev("worker_died", detail="rank 1 failed: worker process died (ActorDiedError: x)",
+               cause="died", failure="oom")
+    assert failure_cause([died]) == "oom"  # the classifier's, not the text's "kill"
+    assert failure_cause([_ev("worker_died", cause="error", failure="error"),
+                          _ev("worker_died", cause="injected kill", failure="kill")]) == "kill"
+    assert failure_cause([_ev("stall_detected"), _ev("worker_died", failure="kill")]) == "hang"
+    assert failure_cause([_ev("worker_died", detail=RAY_DEATH, failure="a newer cause")]) == "kill"
+    # one event of 0.1 beside one of now: both count
+    assert failure_cause([_ev("worker_died", failure="error"),
+                          _ev("worker_died", detail=RAY_DEATH)]) == "kill"
 
 
 def test_metric_names_follow_prometheus_conventions():
