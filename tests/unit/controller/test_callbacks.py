@@ -74,6 +74,22 @@ def test_describe_failure_causes() -> None:
     assert cause == "injected hang at step 2" and "RAYGUARD_FAULTS" in reason
 
 
+def test_worker_died_reason_is_one_line_with_its_cause():
+    class WorkerHealthCheckFailedError(Exception):
+        health_check_failure = None
+
+    death = WorkerHealthCheckFailedError("Worker health check failed\nlong\nRay\ndump")
+    cause, reason, details = describe_failure(death, "injected kill")
+    assert cause == "injected kill" and reason == "injected kill (RAYGUARD_FAULTS)"
+    assert "\n" in details and "\n" not in reason
+    cause, reason, _ = describe_failure(death, None)
+    assert cause == "died" and "\n" not in reason and "Worker health check failed" in reason
+    cause, reason, _ = describe_failure(death, "killed by rayguard: stall")
+    assert cause == "stall" and "watchdog" not in reason and "stall_detected" in reason
+    cause, reason, _ = describe_failure(ValueError("my bug\ntrace"), None)
+    assert (cause, reason) == ("error", "ValueError: my bug")
+
+
 def test_an_injected_nan_reads_as_a_nan_detection() -> None:
     # RAYGUARD_FAULTS=nan:... poisons a metric; the NaN guard is what stops the worker.
     error = UserExceptionWithTraceback(NonFiniteMetricError("loss is nan at step 4"), "tb")
