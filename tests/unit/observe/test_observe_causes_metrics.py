@@ -106,3 +106,13 @@ def test_observer_turns_summaries_into_steps_and_straggler_events():
                     assert abs(e["ratio"] - 3.0) < 1e-6 and "rank 1" in e["detail"]
     assert kinds.count(("straggler", 1)) == 1 and ("straggler", 0) not in kinds
     assert kinds.count(("steps", 0)) == 5
+
+
+def test_a_restarts_cause_and_metric_come_from_the_classified_worker_died():
+    metrics = FakeMetrics()
+    obs = RunObserver("run", metrics=metrics)
+    for event in (_ev("worker_died", detail=RAY_DEATH, cause="died", failure="oom"), _ev("restart")):
+        obs.annotate(event)
+        obs.emit(event)
+    assert event["cause"] == "oom"
+    assert [dict(u.tags) for u in metrics.updates if u.name == "rayguard_restarts"] == [{"cause": "oom"}]
