@@ -14,17 +14,17 @@ Retry policies:
 
 Never retried (``fatal``), by the cause they are reported as:
 
-==============================  ============  ==============================================
-exception                       cause         why a restart cannot fix it
-==============================  ============  ==============================================
-``ConfigError`` (and its        config        a bad config value, an unknown field, an
-subclasses)                                   unsupported Ray, a bad ``RAYGUARD_FAULTS``
-``PreflightError``              preflight     a preflight check failed at worker start-up
-``WorkerSetupError``            setup         device, env or NUMA set-up failed
-``StateNotCheckpointableError`` checkpoint    ``report(state=)`` holds an unsaveable value
-``ShardedStateError``           checkpoint    ``state=``/``sharded=`` misused (``fatal = True``)
-``FatalNonFiniteMetricError``   nan           NaN/inf with ``nan_policy="fail"`` (``fatal = True``)
-==============================  ============  ==============================================
+=================================  ============  ==============================================
+exception                          cause         why a restart cannot fix it
+=================================  ============  ==============================================
+``ConfigError`` (and its           config        a bad config value, an unknown field, an
+subclasses)                                      unsupported Ray, a bad ``RAYGUARD_FAULTS``
+``PreflightError``                 preflight     a preflight check failed at worker start-up
+``WorkerSetupError``               setup         device, env or NUMA set-up failed
+``StateNotCheckpointableError``    checkpoint    ``report(state=)`` holds an unsaveable value
+``ShardedStateError``              checkpoint    ``state=``/``sharded=`` misused (``fatal = True``)
+``FatalNonFiniteMetricError``      nan           NaN/inf with ``nan_policy="fail"`` (``fatal = True``)
+=================================  ============  ==============================================
 
 The classes of :mod:`rayguard.exceptions` are named here; a class defined elsewhere joins
 the table by setting ``fatal = True`` (the two last rows), the one mechanism besides it.
