@@ -5,7 +5,8 @@
 (:mod:`~rayguard.controller.scaling`).
 
 Each applies what a pure planner returns as data (``placement.numa``, ``elastic.remap``,
-``elastic.geometry``, ``health.crash_loop``); Ray's private classes they build on come from
+``elastic.geometry``, ``health.crash_loop``, ``failures``: a worker's failure is classified
+once, by :func:`rayguard.failures.classify`); Ray's private classes they build on come from
 :mod:`rayguard._ray.train`. Nothing here is re-exported: ``RobustTrainer`` wires them in.
 """
 

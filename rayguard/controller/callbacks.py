@@ -7,35 +7,25 @@ from typing import Any
 
 from rayguard._ray.train import ControllerCallback, WorkerGroupCallback, unwrap_worker_error
 from rayguard.events import make_event
+from rayguard.failures import Failure, classify
 
 
 def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
-    """``(cause, one-line reason, details)`` of a worker's failure.
+    """``(label, one-line reason, details)`` of a worker's failure: the 0.1 ``cause`` label
+    of :func:`rayguard.failures.classify` (``injected kill``, ``stall``, ``nan``, ``died``,
+    ``error``), looking inside Ray's wrapper of a worker's error. ``marked`` is what the
+    worker left with the coordinator before it went."""
+    failure = classify(unwrap_worker_error(error), marked)
+    return failure.label, failure.reason, failure.details
 
-    ``cause`` is a short label (``injected kill``, ``stall``, ``nan``, ``died``, ``error``);
-    ``marked`` is what the worker left with the coordinator before it went (an injected
-    fault, or rayguard's watchdog killing it). A NaN the guard detected reads as ``nan``
-    even when the NaN was injected (the reason says so): the guard is what stopped it."""
-    from rayguard.exceptions import NonFiniteMetricError
 
-    error = unwrap_worker_error(error)
-    details = f"{type(error).__name__}: {error}"
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    first = lines[0].strip() if lines else ""
-    died = hasattr(error, "health_check_failure") or type(error).__name__ in (
-        "RayActorError", "ActorDiedError", "ActorUnavailableError")
-    if isinstance(error, NonFiniteMetricError):
-        injected = " (the NaN was injected: RAYGUARD_FAULTS)" if marked == "injected nan" else ""
-        cause, reason = "nan", f"{type(error).__name__}: {first[:300]}{injected}"
-    elif marked and marked.startswith("injected"):
-        cause, reason = marked, f"{marked} (RAYGUARD_FAULTS)"
-    elif marked and marked.startswith("killed by rayguard"):
-        cause, reason = marked.rsplit(": ", 1)[-1], f"{marked} (see the stall_detected event)"
-    elif died:
-        cause, reason = "died", f"worker process died ({type(error).__name__}: {first[:200]})"
-    else:
-        cause, reason = "error", f"{type(error).__name__}: {first[:300]}"
-    return cause, reason, details[:20000]
+def failure_fields(failure: Failure) -> dict[str, Any]:
+    """The fields a ``worker_died`` event carries for ``failure``: ``cause`` (the 0.1
+    label), ``failure`` (the cause in :data:`rayguard.failures.CAUSES`), ``fatal``,
+    ``retry``, ``error_type`` and the whole text in ``details``."""
+    return {"cause": failure.label, "failure": failure.cause, "fatal": failure.fatal,
+            "retry": failure.retry, "error_type": failure.error_type,
+            "details": failure.details}
 
 
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
@@ -51,9 +41,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._attempt = ray.get(self.coordinator.new_attempt.remote())
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
-        """Runs in the controller after each poll: record every worker error once, as one
-        line (its cause: an injected fault, rayguard's watchdog, a death, an exception) plus
-        the whole text in ``details``."""
+        """Runs in the controller after each poll: record every worker error once, classified
+        where it happens (:func:`rayguard.failures.classify`: cause, fatal, retry policy),
+        as one line plus the whole text in ``details``."""
         import ray
 
         for rank, error in worker_group_status.errors.items():
@@ -65,10 +55,10 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
                                  timeout=10)
             except Exception:
                 marked = None
-            cause, reason, details = describe_failure(error, marked)
+            failure = classify(unwrap_worker_error(error), marked)
             self.coordinator.record.remote(make_event(
-                "worker_died", f"rank {rank} failed: {reason}", rank=rank,
-                attempt=self._attempt, cause=cause, details=details))
+                "worker_died", f"rank {rank} failed: {failure.reason}", rank=rank,
+                attempt=self._attempt, **failure_fields(failure)))
 
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
         """Runs in the controller when a failure was handled: RETRY means a restart."""

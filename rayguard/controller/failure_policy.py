@@ -1,7 +1,8 @@
 """Ray Train failure policy that never retries errors a restart cannot fix.
 
 Two kinds: errors deterministic by construction (a bad config, a failed preflight, an
-impossible device mapping, a state that cannot be checkpointed: :func:`is_fatal`), and
+impossible device mapping, a state that cannot be checkpointed: :func:`is_fatal`, by the
+one table of :mod:`rayguard.failures.fatal`), and
 crash loops (the same exception from the same frame ending consecutive attempts with no
 durable progress: :mod:`rayguard.health.crash_loop`). Either ends the run at once; the
 reason is left with the run's coordinator so that the driver raises the user's exception
@@ -18,23 +19,21 @@ from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
 from rayguard._ray.train import DefaultFailurePolicy, FailureDecision, unwrap_worker_error
 from rayguard.events import make_event
-from rayguard.exceptions import ConfigError, PreflightError, WorkerSetupError
+from rayguard.failures import FATAL_ERRORS, classify
 
 logger = logging.getLogger("rayguard")
 
-# A bad config, a failed preflight or an impossible device mapping is the same on every
-# attempt: retrying only burns the restart budget and hides the message.
-FATAL_ERRORS: tuple[type[BaseException], ...] = (ConfigError, PreflightError, WorkerSetupError)
+__all__ = ["FATAL_ERRORS", "STOP_REASON_KEY", "GuardFailurePolicy", "is_fatal"]
 
 STOP_REASON_KEY = "stop_reason"
 """Coordinator key under which the policy leaves why it ended the run (read by the driver)."""
 
 
 def is_fatal(error: BaseException) -> bool:
-    """Whether a restart cannot fix ``error`` (one of :data:`FATAL_ERRORS`, or an exception
-    whose class sets ``fatal = True``), looking inside Ray's wrapper of a worker's error."""
-    error = unwrap_worker_error(error)
-    return isinstance(error, FATAL_ERRORS) or bool(getattr(error, "fatal", False))
+    """Whether a restart cannot fix ``error`` (:func:`rayguard.failures.classify`: one of
+    the table in :mod:`rayguard.failures.fatal`), looking inside Ray's wrapper of a worker's
+    error."""
+    return classify(unwrap_worker_error(error)).fatal
 
 
 class GuardFailurePolicy(DefaultFailurePolicy):
@@ -49,11 +48,13 @@ class GuardFailurePolicy(DefaultFailurePolicy):
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
         if isinstance(training_failed_error, WorkerGroupError):
             failures = training_failed_error.worker_failures
-            fatal = {rank: e for rank, e in failures.items() if is_fatal(e)}
+            classified = {rank: classify(unwrap_worker_error(e)) for rank, e in failures.items()}
+            fatal = sorted(rank for rank, failure in classified.items() if failure.fatal)
             if fatal:
-                rank, error = sorted(fatal.items())[0]
+                rank, error = fatal[0], failures[fatal[0]]
                 self._stop("fatal", rank, f"{type(error).__name__} is not retried: a restart "
-                           "cannot fix it")
+                           "cannot fix it", cause=classified[rank].cause,
+                           retry=classified[rank].retry)
                 return FailureDecision.RAISE
             loop = self._crash_loop(len(failures))
             if loop is not None and self._reject_loaded(loop):

@@ -17,13 +17,21 @@ counts toward one, even when the death itself was not seen.
 Progress is any durable step: a checkpoint committed through ``rayguard.train.report`` or
 reported through ``ray.train.report`` (both are ``checkpoint_committed`` events), or a
 failure at a later step than before.
+
+This is the ``after_one_repeat`` row of the retry table (:mod:`rayguard.failures.fatal`,
+``docs/failure-handling.md``).
 """
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+
+from rayguard.failures.patterns import COLLATERAL_PATTERNS, COLLATERAL_TYPES, reads_as_collateral
+from rayguard.failures.taxonomy import classify
+
+__all__ = ["COLLATERAL_PATTERNS", "COLLATERAL_TYPES", "FailureRecord", "crash_loop",
+           "describe_exception", "is_collateral"]
 
 
 @dataclass(frozen=True)
@@ -50,35 +58,17 @@ class FailureRecord:
         return (self.rank, self.error_type, self.origin)
 
 
-COLLATERAL_PATTERNS = (
-    "connection reset by peer", "connection closed by peer", "broken pipe",
-    "gloo/transport", "nccl error", "ncclremoteerror", "ncclsystemerror",
-    "socket timeout", "connection refused", "watchdog caught collective",
-)
-"""Lower-case fragments of an error that follows a peer's death rather than a bug of its own
-rank (the gloo and NCCL messages of a collective whose peer went away)."""
-
-COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError")
-"""torch.distributed's error types for a broken process group."""
-
-
 def is_collateral(record: FailureRecord) -> bool:
-    """Whether ``record`` reads as the consequence of a peer's loss (never a crash loop)."""
-    if record.error_type.endswith(COLLATERAL_TYPES):
-        return True
-    text = record.summary.lower()
-    return any(p in text for p in COLLATERAL_PATTERNS)
+    """Whether ``record`` reads as the consequence of a peer's loss (never a crash loop;
+    the patterns: :mod:`rayguard.failures.patterns`)."""
+    return reads_as_collateral(record.error_type, record.summary)
 
 
 def describe_exception(exc: BaseException) -> tuple[str, str, str]:
-    """``(qualified type, origin frame, one-line summary)`` of an exception."""
-    cls = type(exc)
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    origin = (f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
-              if frames else "<unknown>")
-    lines = str(exc).strip().splitlines()
-    summary = f"{cls.__name__}: {lines[0]}" if lines else cls.__name__
-    return f"{cls.__module__}.{cls.__qualname__}", origin, summary
+    """``(qualified type, origin frame, one-line summary)`` of an exception, as
+    :func:`rayguard.failures.classify` names them."""
+    failure = classify(exc)
+    return failure.error_type, failure.origin, failure.summary
 
 
 def _same_failure(earlier: FailureRecord, later: FailureRecord) -> bool:

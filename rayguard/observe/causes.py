@@ -1,8 +1,14 @@
 """Why a worker group restarted, from the events of the attempt that failed (pure).
 
-Causes: ``hang`` (a stall was detected), ``nan`` (a watched metric was NaN/inf),
-``preflight``, ``oom``, ``preemption`` (a node went away), ``kill`` (a worker process died:
-killed, segfault), ``error`` (an exception in the training function), ``unknown``.
+Causes are :data:`rayguard.failures.CAUSES`: ``hang`` (a stall was detected), ``nan`` (a
+watched metric was NaN/inf), ``preflight``, ``oom``, ``preemption`` (a node went away),
+``kill`` (a worker process died: killed, segfault), ``error`` (an exception in the training
+function), ``unknown`` (and the never-retried ``config``, ``setup``, ``checkpoint``).
+
+Each ``worker_died`` event carries the cause the controller classified where the failure
+happened (its ``failure`` field, :func:`rayguard.failures.classify`); an attempt reads as
+the most severe. Events written by rayguard 0.1 have no such field: their cause is read
+from the event's text (:mod:`rayguard.failures.patterns`).
 """
 
 from __future__ import annotations
@@ -10,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-CAUSES = ("hang", "nan", "preflight", "oom", "preemption", "kill", "error", "unknown")
+from rayguard.failures import CAUSES, most_severe
+from rayguard.failures.patterns import text_cause
+
+__all__ = ["CAUSES", "FAILURE_KINDS", "failure_cause", "legacy_cause"]
+
 FAILURE_KINDS = ("stall_detected", "nan_detected", "preflight_error", "worker_died", "crash_loop")
 
-_DIED = ("WorkerHealthCheckFailedError", "health check failed", "ActorDiedError", "actor died", "died unexpectedly", "SIGKILL", "exit code",
-         "WorkerCrashedError", "ActorUnavailableError", "process died")
-_OOM = ("outofmemoryerror", "out of memory", "running low on memory")
-_PREEMPT = ("preempt", "NodeDiedError", "node died", "node was removed", "spot")
+_BY_KIND = {"stall_detected": "hang", "nan_detected": "nan", "preflight_error": "preflight"}
 
 
 def _text(event: dict[str, Any]) -> str:
@@ -24,27 +31,28 @@ def _text(event: dict[str, Any]) -> str:
     return " ".join(str(p) for p in parts if p)
 
 
+def legacy_cause(died: Iterable[dict[str, Any]]) -> str | None:
+    """The cause of 0.1 ``worker_died`` events (no ``failure`` field), read from their text
+    (``None``: no such event)."""
+    texts = [_text(event) for event in died]
+    return text_cause(" ".join(texts)) if texts else None
+
+
 def failure_cause(events: Iterable[dict[str, Any]]) -> str:
     """The cause of the failure these events (one attempt's) describe."""
-    kinds: set[str] = set()
-    died: list[str] = []
+    causes: list[str] = []
+    legacy: list[dict[str, Any]] = []
     for event in events:
         kind = event.get("kind")
-        kinds.add(str(kind))
-        if kind == "worker_died":
-            died.append(_text(event))
-    if "stall_detected" in kinds:
-        return "hang"
-    if "nan_detected" in kinds:
-        return "nan"
-    if "preflight_error" in kinds:
-        return "preflight"
-    text = " ".join(died)
-    lower = text.lower()
-    if any(p in lower for p in _OOM):  # not "OOM killer": Ray names it in every death message
-        return "oom"
-    if any(p.lower() in lower for p in _PREEMPT):
-        return "preemption"
-    if any(p.lower() in lower for p in _DIED):
-        return "kill"
-    return "error" if died else "unknown"
+        if kind in _BY_KIND:
+            causes.append(_BY_KIND[str(kind)])
+        elif kind == "worker_died":
+            failure = event.get("failure")
+            if isinstance(failure, str) and failure in CAUSES:
+                causes.append(failure)
+            else:
+                legacy.append(event)
+    old = legacy_cause(legacy)
+    if old is not None:
+        causes.append(old)
+    return most_severe(causes)

@@ -74,6 +74,22 @@ def test_describe_failure_causes() -> None:
     assert cause == "injected hang at step 2" and "RAYGUARD_FAULTS" in reason
 
 
+def test_worker_died_reason_is_one_line_with_its_cause():
+    class WorkerHealthCheckFailedError(Exception):
+        health_check_failure = None
+
+    death = WorkerHealthCheckFailedError("Worker health check failed\nlong\nRay\ndump")
+    cause, reason, details = describe_failure(death, "injected kill")
+    assert cause == "injected kill" and reason == "injected kill (RAYGUARD_FAULTS)"
+    assert "\n" in details and "\n" not in reason
+    cause, reason, _ = describe_failure(death, None)
+    assert cause == "died" and "\n" not in reason and "Worker health check failed" in reason
+    cause, reason, _ = describe_failure(death, "killed by rayguard: stall")
+    assert cause == "stall" and "watchdog" not in reason and "stall_detected" in reason
+    cause, reason, _ = describe_failure(ValueError("my bug\ntrace"), None)
+    assert (cause, reason) == ("error", "ValueError: my bug")
+
+
 def test_an_injected_nan_reads_as_a_nan_detection() -> None:
     # RAYGUARD_FAULTS=nan:... poisons a metric; the NaN guard is what stops the worker.
     error = UserExceptionWithTraceback(NonFiniteMetricError("loss is nan at step 4"), "tb")
@@ -85,3 +101,20 @@ def test_an_injected_nan_reads_as_a_nan_detection() -> None:
     assert cause == "nan" and "injected" not in reason
     cause, _, _ = describe_failure(ActorDiedError(), "injected kill")  # other faults unchanged
     assert cause == "injected kill"
+
+
+def test_worker_died_carries_the_classified_failure(coordinator, events) -> None:
+    from rayguard.exceptions import ConfigError
+
+    callback = RayGuardCallback(coordinator)
+    callback.before_worker_group_start(None)
+    coordinator.target.put("cause:0:1", "injected kill")
+    callback.after_worker_group_poll_status(status({
+        0: UserExceptionWithTraceback(ConfigError("bad value"), "tb"), 1: ActorDiedError(),
+        2: ValueError("my bug")}))
+    died = {e["rank"]: e for e in events() if e["kind"] == "worker_died"}
+    fields = ("cause", "failure", "fatal", "retry", "error_type")
+    assert tuple(died[0][k] for k in fields) == (
+        "error", "config", True, "not_retried", "rayguard.exceptions.ConfigError")
+    assert tuple(died[1][k] for k in fields[:4]) == ("injected kill", "kill", False, "retried")
+    assert tuple(died[2][k] for k in fields[:4]) == ("error", "error", False, "after_one_repeat")

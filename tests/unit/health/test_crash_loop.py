@@ -1,7 +1,6 @@
 """The crash-loop rule on plain records (no Ray): what repeats is not retried, what makes
 durable progress or dies is."""
 
-from rayguard.controller.callbacks import describe_failure
 from rayguard.health.crash_loop import FailureRecord, crash_loop, describe_exception
 
 
@@ -50,22 +49,6 @@ def test_describe_exception_names_type_origin_and_first_line():
     assert error_type == "builtins.ValueError"
     assert origin.endswith("in boom") and "test_crash_loop.py" in origin
     assert summary == "ValueError: my bug"
-
-
-def test_worker_died_reason_is_one_line_with_its_cause():
-    class WorkerHealthCheckFailedError(Exception):
-        health_check_failure = None
-
-    death = WorkerHealthCheckFailedError("Worker health check failed\nlong\nRay\ndump")
-    cause, reason, details = describe_failure(death, "injected kill")
-    assert cause == "injected kill" and reason == "injected kill (RAYGUARD_FAULTS)"
-    assert "\n" in details and "\n" not in reason
-    cause, reason, _ = describe_failure(death, None)
-    assert cause == "died" and "\n" not in reason and "Worker health check failed" in reason
-    cause, reason, _ = describe_failure(death, "killed by rayguard: stall")
-    assert cause == "stall" and "watchdog" not in reason and "stall_detected" in reason
-    cause, reason, _ = describe_failure(ValueError("my bug\ntrace"), None)
-    assert (cause, reason) == ("error", "ValueError: my bug")
 
 
 GLOO_RESET = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "

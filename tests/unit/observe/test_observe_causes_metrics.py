@@ -16,7 +16,8 @@ def _ev(kind, **kw):
             "detail": "", **kw}
 
 
-def test_causes():
+def test_causes_of_a_log_written_by_0_1_are_read_from_its_text():
+    # worker_died events of rayguard 0.1 carry no "failure" field
     assert failure_cause([_ev("worker_died", detail=RAY_DEATH)]) == "kill"
     assert failure_cause([_ev("stall_detected"), _ev("worker_died", detail=RAY_DEATH)]) == "hang"
     assert failure_cause([_ev("nan_detected"), _ev("worker_died", detail="NonFiniteMetricError")]) == "nan"
@@ -26,6 +27,19 @@ def test_causes():
     assert failure_cause([_ev("worker_died", detail="rank 1 failed: WorkerHealthCheckFailedError: "
                               "A worker health check failed.")]) == "kill"
     assert failure_cause([]) == "unknown"
+
+
+def test_causes_come_from_the_classified_failure_field():
+    died = _ev("worker_died", detail="rank 1 failed: worker process died (ActorDiedError: x)",
+               cause="died", failure="oom")
+    assert failure_cause([died]) == "oom"  # the classifier's, not the text's "kill"
+    assert failure_cause([_ev("worker_died", cause="error", failure="error"),
+                          _ev("worker_died", cause="injected kill", failure="kill")]) == "kill"
+    assert failure_cause([_ev("stall_detected"), _ev("worker_died", failure="kill")]) == "hang"
+    assert failure_cause([_ev("worker_died", detail=RAY_DEATH, failure="a newer cause")]) == "kill"
+    # one event of 0.1 beside one of now: both count
+    assert failure_cause([_ev("worker_died", failure="error"),
+                          _ev("worker_died", detail=RAY_DEATH)]) == "kill"
 
 
 def test_metric_names_follow_prometheus_conventions():
@@ -92,3 +106,13 @@ def test_observer_turns_summaries_into_steps_and_straggler_events():
                     assert abs(e["ratio"] - 3.0) < 1e-6 and "rank 1" in e["detail"]
     assert kinds.count(("straggler", 1)) == 1 and ("straggler", 0) not in kinds
     assert kinds.count(("steps", 0)) == 5
+
+
+def test_a_restarts_cause_and_metric_come_from_the_classified_worker_died():
+    metrics = FakeMetrics()
+    obs = RunObserver("run", metrics=metrics)
+    for event in (_ev("worker_died", detail=RAY_DEATH, cause="died", failure="oom"), _ev("restart")):
+        obs.annotate(event)
+        obs.emit(event)
+    assert event["cause"] == "oom"
+    assert [dict(u.tags) for u in metrics.updates if u.name == "rayguard_restarts"] == [{"cause": "oom"}]
