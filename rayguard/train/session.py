@@ -197,3 +197,21 @@ def current_session() -> WorkerSession | None:
     """The session ``rayguard.train.report/heartbeat/load_state`` act on (``None``: no
     training function of a RobustTrainer runs in this process)."""
     return _SESSION
+
+
+_MOVED = {"FatalNonFiniteMetricError": "rayguard.exceptions",
+          "dump_stacks": "rayguard.health.stall",
+          "watch_optimizer_steps": "rayguard.health.stall",
+          "resolve_step": "rayguard.train.steps"}
+
+
+def __getattr__(name: str) -> Any:
+    """Names that moved out of this module keep working here, with a DeprecationWarning."""
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        warnings.warn(f"rayguard.train.session.{name} moved to {_MOVED[name]}.{name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(name)
