@@ -146,7 +146,7 @@ class GuardConfig:
                 raise config_error("GuardConfig", name, getattr(self, name), "must be a bool",
                                    f"pass {name}=True or False")
         if self.faults is not None:
-            from rayguard.fault_spec import parse_faults
+            from rayguard.faults.spec import parse_faults
 
             parse_faults(self.faults)  # raises FaultSpecError naming the bad part
         if not (isinstance(self.controller_poll_interval_s, (int, float))

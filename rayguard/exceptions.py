@@ -86,6 +86,13 @@ class CheckpointError(RayGuardError):
     """A checkpoint could not be written, committed or verified."""
 
 
+class ShardedStateError(CheckpointError):
+    """``state=``/``sharded=`` were misused (a DTensor in ``state=``, ``sharded=`` on some
+    ranks only): the same on every attempt, so the run ends without a retry."""
+
+    fatal = True
+
+
 class CheckpointCorruptError(CheckpointError):
     """A checkpoint failed verification (missing file, wrong size, wrong sha256, bad path)."""
 
@@ -100,6 +107,12 @@ class StallError(HealthError):
 
 class NonFiniteMetricError(HealthError):
     """A watched metric was NaN or inf."""
+
+
+class FatalNonFiniteMetricError(NonFiniteMetricError):
+    """NaN/inf with ``nan_policy="fail"``: the run ends without a retry."""
+
+    fatal = True
 
 
 class PreflightError(RayGuardError):

@@ -152,8 +152,8 @@ class RobustTrainer(GuardHooksTrainer):
 
         from rayguard.logs import configure_logging
         from rayguard.progress import ProgressPrinter
+        from rayguard.run.coordinator import start_coordinator
         from rayguard.serialization.register import register_if_enabled
-        from rayguard.train.coordinator import start_coordinator
 
         configure_logging()
         if not ray.is_initialized():

@@ -5,8 +5,9 @@ stall), :mod:`~rayguard.health.series` (checks over a trial's series: divergence
 throughput collapse, memory growth), :mod:`~rayguard.health.decisions` (the one
 ``Decision`` type), :mod:`~rayguard.health.crash_loop`; configs
 :mod:`~rayguard.health.config` (``HealthConfig``) and :mod:`~rayguard.health.sweep_config`
-(``SweepHealthConfig``). Executors, one per host: a worker's watchdog and NaN guard
-(:mod:`~rayguard.health.watchdog`, the session: kill or raise) and a sweep's
+(``SweepHealthConfig``). Executors, one per host: a worker's watchdog, stall responder and NaN guard
+(:mod:`~rayguard.health.watchdog`, :mod:`~rayguard.health.stall`,
+:mod:`~rayguard.health.finite`: kill or raise) and a sweep's
 :mod:`rayguard._ray.tune` (restart or fail the trial).
 """
 

@@ -1,6 +1,6 @@
 """Fault injection and test helpers, shipped with the library so that recovery can be
 rehearsed on a real cluster (``RAYGUARD_FAULTS``) as well as in tests."""
 
-from rayguard.testing.faults import Fault, FaultInjector, parse_faults
+from rayguard.faults import Fault, FaultInjector, parse_faults
 
 __all__ = ["Fault", "FaultInjector", "parse_faults"]

@@ -20,7 +20,7 @@ __all__ = ["ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_s
 
 
 def _session() -> WorkerSession:
-    from rayguard.train.setup import current_session
+    from rayguard.train.session import current_session
 
     session = current_session()
     if session is None:

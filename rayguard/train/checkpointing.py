@@ -20,7 +20,7 @@ and adds them to its shard record; rank 0 also checks that no DCP file escaped t
 
 A crash at any moment leaves either a committed, verified checkpoint or a staging directory
 that no reader accepts and the next start removes. This module does not import the session:
-the session passes its collective, store and context.
+the checkpointer (:mod:`rayguard.train.checkpointer`) passes its collective, store and context.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rayguard.exceptions import CheckpointError
+from rayguard.exceptions import ShardedStateError
 from rayguard.train.protocol import (
     Committed,
     Restored,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rayguard")
 
-__all__ = ["Plan", "SessionMemoryTier", "ShardedStateError", "agree_intent", "checkpoint_name", "load_state",
+__all__ = ["Plan", "ShardedStateError", "agree_intent", "checkpoint_name", "load_state",
            "maybe_checkpoint", "read_state", "save_planned", "snapshot_payload"]
 
 
@@ -71,13 +71,6 @@ def _canonical_keys(state: Any) -> Any:
     return out
 
 
-class ShardedStateError(CheckpointError):
-    """``state=``/``sharded=`` were misused (a DTensor in ``state=``, ``sharded=`` on some
-    ranks only): the same on every attempt, so the run ends without a retry."""
-
-    fatal = True
-
-
 class _Intent(NamedTuple):
     has_state: bool
     step: int
@@ -89,7 +82,7 @@ class _Intent(NamedTuple):
 
 def _problem(rank: int, state: Any, sharded: Any) -> str | None:
     """What is wrong with ``sharded=`` on this rank (a DTensor in ``state=`` was refused by
-    ``report`` before any peer waits: ``session._check_checkpointable``)."""
+    ``report`` before any peer waits: :func:`rayguard.checkpoint.checkpointable.check_checkpointable`)."""
     if sharded is not None:
         from rayguard.train.sharded import check_sharded_arg
 
@@ -207,36 +200,3 @@ def load_state(collective: Collective, store: CheckpointStore, sharded: Any, *,
         on_chosen(None if verified is None else verified[0])
     return None if verified is None else restore(collective, store, verified, sharded,
                                                  previous_rank=previous_rank)
-
-
-class SessionMemoryTier:
-    """The in-memory tier's hooks for one worker session (:mod:`rayguard.train.memory_tier`
-    takes the session; ``session`` is not imported here)."""
-
-    def __init__(self, session: Any) -> None:
-        self._session = session
-
-    def enabled(self) -> bool:
-        from rayguard.train import memory_tier
-
-        return memory_tier.enabled(self._session)
-
-    def offer(self, final: str, step: int, payload: Any, record: Any) -> None:
-        from rayguard.train import memory_tier
-
-        memory_tier.offer(self._session, final, step, payload, record)
-
-    def committed(self, final: str, step: int) -> None:
-        from rayguard.train import memory_tier
-
-        memory_tier.committed(self._session, final, step)
-
-    def choose(self, skip: set[str]) -> str | None:
-        from rayguard.train import memory_tier
-
-        return memory_tier.choose(self._session, skip)
-
-    def prepare(self, chosen: str, choose_on_disk: Any) -> Any:
-        from rayguard.train import memory_tier
-
-        return memory_tier.prepare(self._session, chosen, lambda _session: choose_on_disk())

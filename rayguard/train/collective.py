@@ -2,8 +2,8 @@
 
 The commit protocol (:mod:`rayguard.train.protocol`) needs only this: the rank, the world
 size, an all-gather by tag, an event log, a note that the rank is making progress, and the
-run-wide list of rejected checkpoints. :class:`SessionCollective` is the real one (the run's
-coordinator, through the worker session); :class:`rayguard.testing.collective.ThreadGroup`
+run-wide list of rejected checkpoints. :class:`LinkCollective` is the real one (the run's
+coordinator, through the worker's link); :class:`rayguard.testing.collective.ThreadGroup`
 runs N ranks in threads of one process for unit tests. No Ray import.
 """
 
@@ -39,40 +39,30 @@ class Collective(Protocol):
         ...
 
 
-class SessionCollective:
-    """The real collective: the worker session's coordinator.
+class LinkCollective:
+    """The real collective: the worker's :class:`~rayguard.run.link.RunLink` (its gather,
+    event log and the run's rejected checkpoints).
 
-    ``in_loop=False`` (a background checkpoint thread): waiting for peers does not feed the
+    ``link.quiet()`` (a background checkpoint thread): waiting for peers does not feed the
     watchdog, which measures the training loop's progress, not the checkpoint's."""
 
-    def __init__(self, session: Any, *, in_loop: bool = True) -> None:
-        """``session``: the :class:`~rayguard.train.session.WorkerSession` (not imported here,
-        so that neither module imports the other)."""
-        self._session = session
-        self._in_loop = in_loop
-        self.rank = session.ctx.rank
-        self.world_size = session.ctx.world_size
-        self.node = str(session.ctx.node_id)
+    def __init__(self, link: Any) -> None:
+        self._link = link
+        self.rank = link.ctx.rank
+        self.world_size = link.ctx.world_size
+        self.node = str(link.ctx.node_id)
 
     def gather(self, tag: str, value: Any) -> list[Any]:
-        return self._session.gather(tag, value, feed_watchdog=self._in_loop)
+        return self._link.gather(tag, value)
 
     def record(self, kind: str, detail: str, **extra: Any) -> None:
-        self._session.record(kind, detail, **extra)
+        self._link.record(kind, detail, **extra)
 
     def progress(self) -> None:
-        if self._in_loop:
-            self._session.watchdog.heartbeat()
+        self._link.progress()
 
     def shared_rejections(self) -> dict[str, str]:
-        coordinator = self._session.coordinator
-        if coordinator is None:
-            return {}
-        import ray
-
-        return dict(ray.get(coordinator.rejected_checkpoints.remote()))
+        return self._link.rejected_checkpoints()
 
     def share_rejection(self, path: str, why: str) -> None:
-        coordinator = self._session.coordinator
-        if coordinator is not None:
-            coordinator.reject_checkpoint.remote(path, why)
+        self._link.reject_checkpoint(path, why)

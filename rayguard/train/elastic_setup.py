@@ -10,31 +10,24 @@ Both come from the rank-assignment record the controller's rank-order hook
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rayguard.config import GuardConfig
+from rayguard.run.link import RunLink
 from rayguard.train.context import GuardContext
 
-if TYPE_CHECKING:
-    from rayguard.train.session import WorkerSession
 
-def previous_assignment(session: WorkerSession) -> dict[str, Any] | None:
+def previous_assignment(link: RunLink) -> dict[str, Any] | None:
     """This attempt's rank-assignment record (``{"previous": ..., "current": ...}``, see
     :data:`rayguard.elastic.remap.ASSIGNMENT_KEY`), or None without a coordinator."""
-    if session.coordinator is None:
-        return None
-    import ray
-
     from rayguard.elastic.remap import ASSIGNMENT_KEY
 
-    return ray.get(session.coordinator.get.remote(ASSIGNMENT_KEY))
+    return link.get(ASSIGNMENT_KEY)
 
 
-def apply_elastic(ctx: GuardContext, guard: GuardConfig, session: WorkerSession,
-                  infos: list[dict[str, Any]], record: dict[str, Any] | None) -> None:
+def apply_elastic(ctx: GuardContext, guard: GuardConfig, record: dict[str, Any] | None) -> None:
     """Set ``ctx.grad_accum_steps`` and, from the controller's ``record``,
-    ``ctx.previous_rank`` / ``ctx.world_size_changed`` (``infos``: the set-up gather, kept
-    for the caller's signature)."""
+    ``ctx.previous_rank`` / ``ctx.world_size_changed``."""
     from rayguard.elastic.remap import previous_rank_of
 
     if guard.global_batch_size is not None and guard.micro_batch_size is not None:

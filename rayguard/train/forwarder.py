@@ -57,3 +57,21 @@ class Forwarder:
             except BaseException as exc:  # re-raised in the training thread
                 self._error = exc
                 fut.set_exception(exc)
+
+    def wait(self, future: Future, on_wait: Callable[[], None]) -> Any:
+        """Wait for a forwarded report (Ray's report may wait for the controller), calling
+        ``on_wait`` every second (a wait is progress)."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except FutureTimeout:
+                on_wait()
+
+    def flush_quietly(self, timeout_s: float = 30) -> None:
+        """:meth:`flush`, its error dropped (a failure being raised matters more)."""
+        try:
+            self.flush(timeout_s=timeout_s)
+        except Exception:
+            pass

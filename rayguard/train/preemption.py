@@ -29,13 +29,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rayguard.constants import DEFAULT_PREEMPTION_GRACE_S, PREEMPTION_GRACE_ENV_VAR
-
-if TYPE_CHECKING:
-    from rayguard.train.agreement import Flags
-    from rayguard.train.session import WorkerSession
+from rayguard.run.link import RunLink
+from rayguard.train.agreement import Agreement, Flags
 
 logger = logging.getLogger("rayguard")
 
@@ -158,8 +156,11 @@ class Preemption:
     ``sources`` are polled at every report (cheap, local): each returns a :class:`Notice`
     or ``None``."""
 
-    def __init__(self, sources: tuple[Callable[[], Notice | None], ...]) -> None:
+    def __init__(self, sources: tuple[Callable[[], Notice | None], ...],
+                 on_notice: Callable[[Notice], None] | None = None) -> None:
         self.sources = sources
+        self.on_notice = on_notice
+        """Told the first time this rank sees a notice."""
         self.local: Notice | None = None
         self.answered = False
         """This rank's notice was answered with a checkpoint."""
@@ -167,16 +168,16 @@ class Preemption:
         """Agreed by every rank: ``should_checkpoint()``."""
         self.released = False
 
-    def local_flag(self, session: WorkerSession | None = None) -> bool:
+    def local_flag(self) -> bool:
         """Poll the sources; True while this rank holds a notice not yet answered. The first
-        time a notice is seen, ``preemption_notice`` is recorded (if ``session``)."""
+        time a notice is seen, ``on_notice`` is told."""
         if self.local is None:
             for source in self.sources:
                 notice = source()
                 if notice is not None:
                     self.local = notice
-                    if session is not None:
-                        _record_notice(session, notice)
+                    if self.on_notice is not None:
+                        self.on_notice(notice)
                     break
         return self.local is not None and not self.answered
 
@@ -196,14 +197,6 @@ class Preemption:
         return False
 
 
-def _record_notice(session: WorkerSession, notice: Notice) -> None:
-    grace = "unknown" if notice.grace_s is None else f"{notice.grace_s:.0f} s"
-    session.record("preemption_notice", f"{notice.source} on rank {session.ctx.rank} (grace "
-                   f"period {grace}): every rank checkpoints at the next step that passes "
-                   "state= (rayguard.train.should_checkpoint() is True)", step=session.last_step,
-                   wait=True, source=notice.source, grace_s=notice.grace_s)
-
-
 def drain_source(rank: int) -> Callable[[], Notice | None]:
     """A source reading Ray Train's drain information (only ranks on a drained node hold a
     notice: the others learn it through the agreement)."""
@@ -218,27 +211,71 @@ def drain_source(rank: int) -> Callable[[], Notice | None]:
     return poll
 
 
-def watch_preemption(session: WorkerSession) -> None:
+class PreemptionWatch:
+    """One worker's preemption notices, answered just in time, over its ``link``.
+
+    ``agreement``: the ranks' per-report agreement (its barrier waits for rank 0's commit);
+    ``flush``: hands the reports made so far to Ray Train; ``stop``: stops the watchdog
+    before a SIGTERM'd rank goes. ``sources``: the notices polled at every report (none:
+    a worker that does not watch, a session in a unit test)."""
+
+    def __init__(self, link: RunLink, agreement: Agreement, *,
+                 sources: tuple[Callable[[], Notice | None], ...] = (),
+                 flush: Callable[[float], None] = lambda timeout_s: None,
+                 stop: Callable[[], None] = lambda: None) -> None:
+        self.link = link
+        self.agreement = agreement
+        self.state = Preemption(sources, on_notice=self._noticed)
+        self._flush = flush
+        self._stop = stop
+        self._step = -1
+
+    def local_flag(self, step: int) -> bool:
+        """This rank's flag for the report of ``step`` (``preemption_notice`` is recorded
+        the first time a notice is seen)."""
+        self._step = step
+        return self.state.local_flag()
+
+    def should_checkpoint(self) -> bool:
+        return self.state.should_checkpoint()
+
+    def after_report(self, agreed: Flags, *, saved: bool, step: int, checkpoint: Any) -> None:
+        """After a report's agreement: a notice answered by this report's checkpoint lets
+        a SIGTERM'd rank go."""
+        if self.state.after_report(agreed, saved=saved):
+            self._answered(step, checkpoint)
+
+    def _noticed(self, notice: Notice) -> None:
+        grace = "unknown" if notice.grace_s is None else f"{notice.grace_s:.0f} s"
+        self.link.record("preemption_notice", f"{notice.source} on rank {self.link.ctx.rank} "
+                         f"(grace period {grace}): every rank checkpoints at the next step that "
+                         "passes state= (rayguard.train.should_checkpoint() is True)",
+                         step=self._step, wait=True, source=notice.source,
+                         grace_s=notice.grace_s)
+
+    def _answered(self, step: int, checkpoint: Any) -> None:
+        """Every rank, after the just-in-time checkpoint was saved: wait until rank 0
+        committed it (a barrier), record it, and let a SIGTERM'd rank go."""
+        self.agreement.barrier()
+        if self.link.ctx.rank == 0:
+            path = checkpoint if isinstance(checkpoint, str) else getattr(checkpoint, "path", None)
+            self.link.record("preemption_checkpoint", f"checkpoint of step {step} committed "
+                             "after a preemption notice", step=step, wait=True, path=path)
+        notice = self.state.local
+        if notice is None or notice.source != "SIGTERM":
+            return
+        left = (notice.grace_s or 0) - (time.monotonic() - notice.received_at)
+        self._flush(max(1.0, left))
+        self._stop()
+        if release():
+            time.sleep(max(1.0, left))  # the previous handler ends the process meanwhile
+
+
+def watch_preemption(link: RunLink, agreement: Agreement, *, flush: Callable[[float], None],
+                     stop: Callable[[], None]) -> PreemptionWatch:
     """Set-up: hold SIGTERM in this worker (on its main thread) and read Ray's drain
     information at every report."""
     install_in_worker(grace_period_s(dict(os.environ)))
     set_active(True)
-    session.preemption = Preemption((sigterm_notice, drain_source(session.ctx.rank)))
-
-
-def on_answered(session: WorkerSession, step: int, checkpoint: Any) -> None:
-    """Every rank, after the just-in-time checkpoint was saved: wait until rank 0 committed it
-    (a barrier), record it, and let a SIGTERM'd rank go."""
-    session.agreement.barrier()
-    if session.ctx.rank == 0:
-        path = checkpoint if isinstance(checkpoint, str) else getattr(checkpoint, "path", None)
-        session.record("preemption_checkpoint", f"checkpoint of step {step} committed after a "
-                       "preemption notice", step=step, wait=True, path=path)
-    notice = session.preemption.local
-    if notice is None or notice.source != "SIGTERM":
-        return
-    left = (notice.grace_s or 0) - (time.monotonic() - notice.received_at)
-    session.forwarder.flush(timeout_s=max(1.0, left))
-    session.watchdog.stop()
-    if release():
-        time.sleep(max(1.0, left))  # the previous handler ends the process meanwhile
+    return PreemptionWatch(link, agreement, sources=(sigterm_notice, drain_source(link.ctx.rank)),
+                           flush=flush, stop=stop)

@@ -42,7 +42,7 @@ save's write step (a collective over the default process group)."""
 
 
 class MemoryTier(Protocol):
-    """The in-memory tier's hooks (:mod:`rayguard.train.memory_tier` through the session)."""
+    """The in-memory tier's hooks (:class:`rayguard.train.memory_tier.MemoryTier`)."""
 
     def enabled(self) -> bool:
         ...

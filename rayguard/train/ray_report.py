@@ -21,7 +21,7 @@ per-worker object (through :mod:`rayguard._ray.report`), so that:
   ``rayguard_rejected.json``) and never offered again. One rank chooses per attempt, the
   others wait for its answer.
 
-``rayguard.train.report`` forwards through Ray's own report (:meth:`RayReportBridge.raw_report`),
+``rayguard.train.report`` forwards through Ray's own report (:func:`raw_report_of`),
 so nothing is counted twice, and a loop's own ``ray.train.report`` goes through the same
 forwarding thread, in order: mixing both in one loop keeps every rank's Ray reports in the
 same sequence (Ray's report is a collective).
@@ -32,7 +32,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from rayguard._ray.report import (
     CheckpointUploadMode,
@@ -40,9 +41,11 @@ from rayguard._ray.report import (
     default_upload,
     install_train_fn_utils,
 )
-
-if TYPE_CHECKING:
-    from rayguard.train.session import WorkerSession
+from rayguard.run.link import RunLink
+from rayguard.train.collective import Collective
+from rayguard.train.forwarder import Forwarder
+from rayguard.train.steps import resolve_step
+from rayguard.train.store import CheckpointStore
 
 logger = logging.getLogger("rayguard")
 
@@ -59,8 +62,6 @@ _UNSET = object()
 
 def report_step(metrics: dict[str, Any], last_step: int) -> int:
     """The step of a ``ray.train.report``: a step-like metric, else one past the last."""
-    from rayguard.train.session import resolve_step
-
     return resolve_step(None, metrics, None, last_step, keys=STEP_KEYS)
 
 
@@ -77,48 +78,62 @@ def local_directory(checkpoint: Any) -> str | None:
     return path if os.path.isdir(path) else None
 
 
-class RayReportBridge:
-    """What rayguard does around one worker's ``ray.train.report``/``get_checkpoint``."""
+class Observer(Protocol):
+    """What sees every report of a worker (the worker session)."""
 
-    def __init__(self, session: WorkerSession, inner: Any) -> None:
-        self.session = session
+    last_step: int
+
+    def observe(self, metrics: dict[str, Any], *, step: int | None = None,
+                state: Any = None) -> tuple[dict[str, Any], int]: ...
+
+    def observed(self, metrics: dict[str, Any], step: int, seconds: float) -> None: ...
+
+
+class RayReportBridge:
+    """What rayguard does around one worker's ``ray.train.report``/``get_checkpoint``:
+    ``observer`` sees each report, ``link`` reaches the run, the reports go through
+    ``forwarder`` in order; ``collective`` and ``store`` are the checkpointer's."""
+
+    def __init__(self, observer: Observer, link: RunLink, forwarder: Forwarder,
+                 collective: Collective, store: CheckpointStore, inner: Any) -> None:
+        self.observer = observer
+        self.link = link
+        self.forwarder = forwarder
+        self.collective = collective
+        self.store = store
         self.inner = inner
         """Ray's own ``TrainFnUtils`` of this worker."""
         self.count = 0
         self._chosen: Any = _UNSET
 
     # -- report -----------------------------------------------------------------------------
-    def raw_report(self, metrics: dict[str, Any], checkpoint: Any = None, **kwargs: Any) -> None:
-        """Ray's own report, not observed again (``rayguard.train.report`` forwards here)."""
-        self.inner.report(metrics, checkpoint, **kwargs)
-
     def report(self, metrics: dict[str, Any], checkpoint: Any = None,
                checkpoint_dir_name: str | None = None,
                checkpoint_upload_mode: Any = CheckpointUploadMode.SYNC,
                delete_local_checkpoint_after_upload: bool | None = None,
                checkpoint_upload_fn: Any = None, validation: Any = False) -> None:
-        session = self.session
+        observer, link = self.observer, self.link
         started = time.perf_counter()
-        observed, step = session.observe(metrics, step=report_step(metrics, session.last_step))
+        observed, step = observer.observe(metrics, step=report_step(metrics, observer.last_step))
         self.count += 1
         tag = f"ray-report{self.count}"
         directory = local_directory(checkpoint)
         writer = False
         if directory is None:
-            session.contribute(tag, None)
+            link.contribute(tag, None)
         elif checkpoint_upload_mode == CheckpointUploadMode.NO_UPLOAD:
             writer = self._seal(tag, directory, step, in_loop=True)
         else:
             checkpoint_upload_fn = self._sealing_upload(
                 tag, directory, step, checkpoint_upload_fn,
                 in_loop=checkpoint_upload_mode != CheckpointUploadMode.ASYNC)
-        future = session.forwarder.submit(
+        future = self.forwarder.submit(
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
             delete_local_checkpoint_after_upload, checkpoint_upload_fn, validation)
-        session.wait_forwarded(future)
+        self.forwarder.wait(future, link.progress)
         if writer:
             self._persisted(step, checkpoint.path)
-        session.observed(observed, step, time.perf_counter() - started)
+        observer.observed(observed, step, time.perf_counter() - started)
 
     def _sealing_upload(self, tag: str, directory: str, step: int, user_upload: Any, *,
                         in_loop: bool) -> Any:
@@ -139,14 +154,14 @@ class RayReportBridge:
         this rank did)."""
         from rayguard.checkpoint import reported
 
-        session = self.session
-        rank = session.ctx.rank
+        ctx = self.link.ctx
+        rank = ctx.rank
         record = reported.hash_directory(directory, rank)
-        records = session.gather(tag, record, feed_watchdog=in_loop)
+        records = (self.link if in_loop else self.link.quiet()).gather(tag, record)
         writer = reported.writer_rank(records) == rank
         if writer:
-            reported.seal(directory, records, world_size=session.ctx.world_size, step=step,
-                          metadata={"attempt": session.ctx.attempt,
+            reported.seal(directory, records, world_size=ctx.world_size, step=step,
+                          metadata={"attempt": ctx.attempt,
                                     "reported_by": [r.rank for r in records if r is not None]})
         else:
             reported.drop_stale_manifest(directory)
@@ -156,7 +171,7 @@ class RayReportBridge:
         """The writer rank: the sealed checkpoint is in the run's storage (an event, counted
         as durable progress by the crash-loop rule)."""
         name = os.path.basename(str(path).rstrip("/")) if path else "?"
-        self.session.record("checkpoint_committed", f"checkpoint {name} reported through "
+        self.link.record("checkpoint_committed", f"checkpoint {name} reported through "
                             "ray.train.report, sealed with a manifest", step=step, path=path,
                             source="ray.train.report")
 
@@ -169,13 +184,13 @@ class RayReportBridge:
         return self._chosen
 
     def _agreed_choice(self, latest: Any) -> Any:
-        session = self.session
-        key = CHOSEN_KEY.format(attempt=session.ctx.attempt)
-        if session.claim(f"choose-{key}"):
+        link = self.link
+        key = CHOSEN_KEY.format(attempt=link.ctx.attempt)
+        if link.claim(f"choose-{key}"):
             path = self._choose(latest)
-            session.put(key, path or "")
+            link.put(key, path or "")
         else:
-            path = session.wait_for(key) or None
+            path = link.wait_for(key) or None
         if path is None:
             return None
         if os.path.realpath(path) == os.path.realpath(str(latest.path)):
@@ -189,9 +204,7 @@ class RayReportBridge:
         do not are rejected and remembered."""
         from rayguard.train import protocol
 
-        session = self.session
-        collective = session.collective
-        store = session.store
+        link, collective, store = self.link, self.collective, self.store
         skip = protocol.rejected(collective, store)
         for path, why in collective.shared_rejections().items():
             if path not in store.rejected():
@@ -209,16 +222,16 @@ class RayReportBridge:
             fallback = path != order[0]
             note = " (no manifest: reported before rayguard guarded it; not verified)" \
                 if unverified else ""
-            session.record("restored", f"ray.train.get_checkpoint() offers "
+            link.record("restored", f"ray.train.get_checkpoint() offers "
                            f"{os.path.basename(path.rstrip('/'))} (step {step}){note}",
                            step=step, path=path, fallback=fallback, source="ray.train.report",
                            verified=not unverified)
             if unverified:
                 logger.warning("rayguard: %s has no rayguard manifest; offered unverified", path)
             break
-        session.put(LOADED_KEY.format(attempt=session.ctx.attempt), chosen)
+        link.put(LOADED_KEY.format(attempt=link.ctx.attempt), chosen)
         if chosen is None:
-            session.record("restored", "ray.train.get_checkpoint() offers nothing: no "
+            link.record("restored", "ray.train.get_checkpoint() offers nothing: no "
                            "reported checkpoint verifies; the loop starts fresh",
                            source="ray.train.report", fallback=True)
         return chosen
@@ -283,9 +296,23 @@ class GuardedTrainFnUtils:
         return getattr(self._bridge.inner, name)
 
 
-def install(session: WorkerSession) -> RayReportBridge:
-    """Put rayguard in front of this worker's ``ray.train.report``; returns the bridge."""
-    bridge = RayReportBridge(session, current_train_fn_utils())
+def ray_own_utils() -> Any:
+    """Ray's own ``TrainFnUtils`` of this worker (before :func:`install` puts rayguard in
+    front of it)."""
+    return current_train_fn_utils()
+
+
+def raw_report_of(inner: Any) -> Callable[..., None]:
+    """Ray's own report of ``inner`` (what ``rayguard.train.report`` forwards to: not
+    observed again)."""
+    def raw_report(metrics: dict[str, Any], checkpoint: Any = None, **kwargs: Any) -> None:
+        inner.report(metrics, checkpoint, **kwargs)
+
+    return raw_report
+
+
+def install(bridge: RayReportBridge) -> RayReportBridge:
+    """Put ``bridge`` in front of this worker's ``ray.train.report``; returns it."""
     install_train_fn_utils(GuardedTrainFnUtils(bridge))
     return bridge
 

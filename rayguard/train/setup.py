@@ -1,8 +1,11 @@
 """The set-up pipeline that runs in each worker before the user's training function.
 
-Order: read Ray's rank info and check the environment -> preflight (doctor subset) ->
-NUMA binding -> CUDA pinning -> per-rank seeding -> tensor serializers -> elastic geometry ->
-session (watchdog, reporter, faults). Each step is small; the planners they call are pure.
+Order: read Ray's rank info and check the environment -> the link to the run and the
+watchdog (which covers the rest of set-up) -> preflight (doctor subset) -> NUMA binding ->
+CUDA pinning -> per-rank seeding -> tensor serializers -> elastic geometry -> the ranks'
+agreement and the preemption watch -> the session, built from these parts (memory tier,
+checkpointer, report forwarding, faults) -> the guard around ``ray.train.report``. Each
+step is small; the planners they call are pure.
 """
 
 from __future__ import annotations
@@ -15,16 +18,23 @@ from typing import Any
 from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import WorkerSetupError
+from rayguard.faults import Fault, parse_faults
+from rayguard.health.stall import StallResponder, watch_optimizer_steps
+from rayguard.health.watchdog import Watchdog
 from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
-from rayguard.testing.faults import parse_faults
+from rayguard.run.link import RunLink, make_link, read_attempt
 from rayguard.train import ray_report
-from rayguard.train.agreement import make_agreement
+from rayguard.train.agreement import Agreement, LocalAgreement, make_agreement
+from rayguard.train.checkpointer import Checkpointer
 from rayguard.train.context import GuardContext, set_context
 from rayguard.train.elastic_setup import apply_elastic, previous_assignment
-from rayguard.train.preemption import set_active, watch_preemption
+from rayguard.train.forwarder import Forwarder
+from rayguard.train.forwarding import ReportForwarding, ray_own_report
+from rayguard.train.memory_tier import MemoryTier
+from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
 from rayguard.train.seeding import rank_seed, seed_everything
-from rayguard.train.session import WorkerSession
-from rayguard.train.store import CheckpointStore, store_for
+from rayguard.train.session import WorkerSession, current_session, set_current_session
+from rayguard.train.store import CheckpointStore, LocalStore, store_for
 
 logger = logging.getLogger("rayguard")
 
@@ -139,6 +149,53 @@ def _store(run_dir: str) -> CheckpointStore:
     return store_for(run_dir, ray.train.get_context().get_storage().storage_filesystem)
 
 
+class _LastStep:
+    """The stall responder reads the last step of a session built after it."""
+
+    session: WorkerSession | None = None
+
+    def __call__(self) -> int:
+        return -1 if self.session is None else self.session.last_step
+
+
+def start_watch(link: RunLink, guard: GuardConfig, store: CheckpointStore
+                ) -> tuple[RunLink, Watchdog, _LastStep]:
+    """The watchdog of this worker, with its stall responder, and the loop's link (whose
+    waits feed it)."""
+    last_step = _LastStep()
+    watchdog = Watchdog(guard.health, on_stall=StallResponder(
+        link, last_step=last_step, local_run_dir=store.fs is None))
+    return link.feeding(watchdog.heartbeat), watchdog, last_step
+
+
+def assemble(link: RunLink, guard: GuardConfig, *, watchdog: Watchdog, store: CheckpointStore,
+             agreement: Agreement, preemption: PreemptionWatch, forwarding: ReportForwarding,
+             faults: tuple[Fault, ...] = ()) -> WorkerSession:
+    """The session of a worker from its parts (the memory tier and the checkpointer are
+    built here, over the same link and store)."""
+    tier = MemoryTier.for_run(link, guard.checkpoint, store.fs)
+    checkpointer = Checkpointer(link, store, guard.checkpoint, tier)
+    return WorkerSession(link, guard, watchdog=watchdog, checkpointer=checkpointer,
+                         agreement=agreement, preemption=preemption, forwarding=forwarding,
+                         faults=faults)
+
+
+def build_session(ctx: GuardContext, guard: GuardConfig, actor: Any = None,
+                  faults: tuple[Fault, ...] = (), *, store: CheckpointStore | None = None,
+                  raw_report: Callable[..., None] = ray_own_report) -> WorkerSession:
+    """A session outside set-up (one rank, no preemption watch, the watchdog not
+    started): benchmarks and tests."""
+    store = store or LocalStore(ctx.run_dir)
+    link, watchdog, last_step = start_watch(make_link(ctx, actor), guard, store)
+    agreement = LocalAgreement()
+    forwarding = ReportForwarding(Forwarder(), store.fs, raw=raw_report)
+    session = assemble(link, guard, watchdog=watchdog, store=store, agreement=agreement,
+                       preemption=PreemptionWatch(link, agreement), forwarding=forwarding,
+                       faults=faults)
+    last_step.session = session
+    return session
+
+
 class GuardedTrainFn:
     """The function Ray Train runs in each worker: rayguard's set-up, then the user's loop."""
 
@@ -150,7 +207,7 @@ class GuardedTrainFn:
         self.run_dir = run_dir
 
     def __call__(self) -> Any:
-        session = self._set_up()
+        session, hook, bridge = self._set_up()
         try:
             try:
                 result = self.inner()
@@ -159,7 +216,7 @@ class GuardedTrainFn:
                 session.settle()
                 set_active(False)
                 session.watchdog.stop()
-                session._flush_quietly(timeout_s=5)  # keep what was reported before the error
+                session.forwarder.flush_quietly(timeout_s=5)  # keep what was reported before
                 session.report_failure(exc)
                 raise
             set_active(False)
@@ -167,58 +224,63 @@ class GuardedTrainFn:
             set_context(None)
             return result
         finally:
-            session.unwatch()
-            if session.ray_bridge is not None:
-                ray_report.uninstall(session.ray_bridge)
+            if hook is not None:  # its optimizers' steps are no longer this session's
+                hook.remove()
+            ray_report.uninstall(bridge)
 
-    def _set_up(self) -> WorkerSession:
-        import ray
-
+    def _set_up(self) -> tuple[WorkerSession, Any, ray_report.RayReportBridge]:
         from rayguard.logs import configure_logging, quiet_ray_reports
 
         configure_logging()
         quiet_ray_reports()
 
-        attempt = ray.get(self.coordinator.attempt.remote()) if self.coordinator else 0
-        ctx = _base_context(self.run_dir, attempt)
+        ctx = _base_context(self.run_dir, read_attempt(self.coordinator))
         check_rank_env(dict(os.environ), ctx)
         faults = parse_faults(";".join(filter(None, [self.guard.faults,
                                                      os.environ.get(FAULTS_ENV_VAR)])))
-        session = WorkerSession(ctx, self.guard, self.coordinator, faults)
-        session.use_store(_store(ctx.run_dir))
-        session.start()  # the watchdog covers set-up too (floor covers start-up)
+        store = _store(ctx.run_dir)
+        link, watchdog, last_step = start_watch(make_link(ctx, self.coordinator), self.guard,
+                                                store)
+        watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
+        hook = watch_optimizer_steps(watchdog.heartbeat)
         try:
             _preflight(ctx, self.guard)
         except Exception as exc:
-            session.record("preflight_error", str(exc), wait=True)
+            link.record("preflight_error", str(exc), wait=True)
             raise
-        previous = previous_assignment(session)  # every rank reads it before rank 0 replaces it
-        infos = session.gather("setup", _worker_info(ctx))
+        previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
+        infos = link.gather("setup", _worker_info(ctx))
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
         if self.guard.seed is not None:
             ctx.seed = rank_seed(self.guard.seed, ctx.rank)
             seed_everything(ctx.seed, deterministic=self.guard.deterministic)
         register_serializers(self.guard)
-        apply_elastic(ctx, self.guard, session, infos, previous)
-        session.agreement = make_agreement(ctx.world_size, session.gather, session.heartbeat)
-        watch_preemption(session)
+        apply_elastic(ctx, self.guard, previous)
+        inner = ray_report.ray_own_utils()
+        session = self._session(link, watchdog, store, faults, inner)
+        last_step.session = session
         set_context(ctx)
-        _set_current_session(session)
-        session.ray_bridge = ray_report.install(session)  # every ray.train.report is guarded
+        set_current_session(session)
+        bridge = ray_report.install(ray_report.RayReportBridge(  # every ray.train.report
+            session, link, session.forwarder, session.checkpointer.collective, store, inner))
         if ctx.rank == 0:
-            session.record("attempt_started", f"attempt {attempt} started with {ctx.world_size} worker(s)",
-                           world_size=ctx.world_size)
-        return session
+            link.record("attempt_started", f"attempt {ctx.attempt} started with "
+                        f"{ctx.world_size} worker(s)", world_size=ctx.world_size)
+        return session, hook, bridge
+
+    def _session(self, link: RunLink, watchdog: Watchdog, store: CheckpointStore,
+                 faults: tuple[Fault, ...], inner: Any) -> WorkerSession:
+        """The ranks' agreement, the preemption watch, the forwarding to Ray's own report
+        (``inner``'s); the session from them."""
+        agreement = make_agreement(link.ctx.world_size, link.gather, watchdog.heartbeat)
+        forwarder = Forwarder()
+        preemption = watch_preemption(link, agreement, stop=watchdog.stop,
+                                      flush=lambda timeout_s: forwarder.flush(timeout_s=timeout_s))
+        forwarding = ReportForwarding(forwarder, store.fs, raw=ray_report.raw_report_of(inner))
+        return assemble(link, self.guard, watchdog=watchdog, store=store, agreement=agreement,
+                        preemption=preemption, forwarding=forwarding, faults=faults)
 
 
-_SESSION: WorkerSession | None = None
-
-
-def _set_current_session(session: WorkerSession | None) -> None:
-    global _SESSION
-    _SESSION = session
-
-
-def current_session() -> WorkerSession | None:
-    return _SESSION
+__all__ = ["GuardedTrainFn", "build_session", "check_rank_env", "current_session",
+           "register_serializers"]

@@ -242,7 +242,7 @@ def restore(collective: Collective, store: CheckpointStore, chosen: tuple[str, s
 
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.sharded import check_loadable
-    from rayguard.train.checkpointing import ShardedStateError
+    from rayguard.exceptions import ShardedStateError
     from rayguard.train.protocol import read_state
 
     path, local = chosen

@@ -49,18 +49,17 @@ def make_session(run_dir: str, mode: str) -> Any:
     """A real WorkerSession of a one-rank run without Ray: no coordinator, and metrics are
     not forwarded to ray.train (the only part that needs a Ray worker)."""
     import rayguard
-    from rayguard.train import session as session_mod
+    from rayguard.train import forwarding
     from rayguard.train.context import GuardContext
+    from rayguard.train.setup import build_session
     from rayguard.train.store import LocalStore
 
-    session_mod._forward = lambda *args: None  # type: ignore[assignment]
+    forwarding._forward = lambda *args: None  # type: ignore[assignment]
     ctx = GuardContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                        node_id="bench", device=torch.device("cpu"), seed=0, attempt=0,
                        run_dir=run_dir)
     guard = rayguard.GuardConfig(checkpoint=rayguard.CheckpointConfig(mode=mode), numa="off")
-    session = session_mod.WorkerSession(ctx, guard, None, ())
-    session.use_store(LocalStore(run_dir))
-    return session
+    return build_session(ctx, guard, None, (), store=LocalStore(run_dir))
 
 
 def settle(session: Any) -> None:

@@ -172,7 +172,7 @@ def observe_main(reps: int, interval_s: float = 0.5) -> None:
     apart, so a 0.1 ms loop reporting every step would spend minutes draining its backlog."""
     import ray
 
-    from rayguard.train.coordinator import start_coordinator
+    from rayguard.run.coordinator import start_coordinator
 
     out = tempfile.mkdtemp(prefix="bench-observe-")
     coordinator = start_coordinator(os.path.join(out, "events.jsonl"),

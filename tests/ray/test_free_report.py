@@ -16,7 +16,7 @@ def count_loop(config):
 
     from rayguard.train.setup import current_session
 
-    coordinator = current_session().coordinator
+    coordinator = current_session().link.actor
     rank = rayguard.train.get_context().rank
     rayguard.train.report({"loss": 1.0, "step": 0})  # the first one gathers preflight facts
     before = ray.get(coordinator.gather_calls.remote())

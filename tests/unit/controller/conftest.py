@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rayguard.train.coordinator import RunCoordinator
+from rayguard.run.coordinator import RunCoordinator
 
 
 class InProcessHandle:

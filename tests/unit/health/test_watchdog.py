@@ -136,7 +136,7 @@ def test_one_report_so_far_keeps_the_larger_start_up_bound_with_the_adaptive_tim
 def test_every_optimizer_step_is_a_heartbeat_until_unwatched():
     import torch
 
-    from rayguard.train.session import watch_optimizer_steps
+    from rayguard.health.stall import watch_optimizer_steps
 
     beats = []
     handle = watch_optimizer_steps(lambda: beats.append(1))

@@ -16,29 +16,29 @@ import torch
 import rayguard
 from rayguard.checkpoint import fsio, verify
 from rayguard.exceptions import CheckpointError
-from rayguard.train import session as session_mod
+from rayguard.train import forwarding as forwarding_mod
 from rayguard.train.context import GuardContext
+from rayguard.train.session import WorkerSession
+from rayguard.train.setup import build_session
 from rayguard.train.store import LocalStore
 
 
 @pytest.fixture
 def forwarded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict, str | None]]:
     calls: list[tuple[dict, str | None]] = []
-    monkeypatch.setattr(session_mod, "_forward", lambda report, m, path, fs: calls.append((m, path)))
+    monkeypatch.setattr(forwarding_mod, "_forward", lambda report, m, path, fs: calls.append((m, path)))
     return calls
 
 
-def _session(run_dir: Path, mode: str = "async") -> session_mod.WorkerSession:
+def _session(run_dir: Path, mode: str = "async") -> WorkerSession:
     ctx = GuardContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                        node_id="n0", device=torch.device("cpu"), seed=0, attempt=0,
                        run_dir=str(run_dir))
     guard = rayguard.GuardConfig(checkpoint=rayguard.CheckpointConfig(mode=mode), numa="off")
-    session = session_mod.WorkerSession(ctx, guard, None, ())
-    session.use_store(LocalStore(str(run_dir)))
-    return session
+    return build_session(ctx, guard, None, (), store=LocalStore(str(run_dir)))
 
 
-def _flush(session: session_mod.WorkerSession) -> None:
+def _flush(session: WorkerSession) -> None:
     session.forwarder.flush(timeout_s=30)
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rayguard.train.forwarder import Forwarder
-from rayguard.train.session import _plain, resolve_step
+from rayguard.train.steps import plain as _plain
+from rayguard.train.steps import resolve_step
 
 
 def test_resolve_step_precedence():

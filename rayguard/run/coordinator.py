@@ -39,7 +39,7 @@ class RunCoordinator:
         self._notable: list[dict[str, Any]] = []
         self._closed = False
         self._cond = threading.Condition()
-        self._memory = SnapshotRegistry()  # the memory tier (rayguard/train/memory_tier.py)
+        self._memory = SnapshotRegistry()  # the memory tier (rayguard/run/keeper.py, rayguard/train/memory_tier.py)
         self._keepers: dict[str, Any] = {}
 
     # -- attempts and events -------------------------------------------------------------
@@ -189,11 +189,11 @@ class RunCoordinator:
                 self._gather_reads[tag] = reads
             return values
 
-    # -- memory tier (rayguard/train/memory_tier.py) ------------------------------------------
+    # -- memory tier (rayguard/run/keeper.py) --------------------------------------------------
     def memory_keeper(self, node_id: str) -> Any:
         """The keeper actor of ``node_id`` (started on first use; owned by this actor, so it
         and the copies it holds outlive every worker-group restart, not this run)."""
-        from rayguard.train.memory_tier import start_keeper
+        from rayguard.run.keeper import start_keeper
 
         with self._cond:
             if node_id not in self._keepers:

@@ -88,7 +88,7 @@ def test_attempt_restricted_fault():
 def test_hang_with_seconds_returns(monkeypatch):
     import threading
 
-    from rayguard.testing import faults as faults_module
+    from rayguard.faults import injector as faults_module
 
     waits: list[float | None] = []
 
@@ -130,18 +130,19 @@ def test_the_fault_injected_event_carries_the_faults_own_step(tmp_path, monkeypa
     import torch
 
     import rayguard
-    from rayguard.train import session as session_mod
+    from rayguard.train import forwarding as forwarding_mod
     from rayguard.train.context import GuardContext
+    from rayguard.train.setup import build_session
 
-    monkeypatch.setattr(session_mod, "_forward", lambda *a, **k: None)  # no Ray Train here
+    monkeypatch.setattr(forwarding_mod, "_forward", lambda *a, **k: None)  # no Ray Train here
     ctx = GuardContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                        node_id="n0", device=torch.device("cpu"), seed=0, attempt=0,
                        run_dir=str(tmp_path))
-    session = session_mod.WorkerSession(ctx, rayguard.GuardConfig(numa="off"), None,
-                                        parse_faults("raise:rank=0,step=12"))
+    session = build_session(ctx, rayguard.GuardConfig(numa="off"), None,
+                            parse_faults("raise:rank=0,step=12"))
     recorded: list[tuple[str, int | None]] = []
-    real_record = session.record
-    monkeypatch.setattr(session, "record", lambda kind, detail, *, step=None, **kw: (
+    real_record = session.link.record
+    monkeypatch.setattr(session.link, "record", lambda kind, detail, *, step=None, **kw: (
         recorded.append((kind, step)), real_record(kind, detail, step=step, **kw)))
     for step in range(12):
         session.report({"loss": 1.0}, step=step)

@@ -5,7 +5,7 @@ On the coordinator's class itself (no Ray) and the printer's pure step."""
 from __future__ import annotations
 
 from rayguard.observe.progress import next_line
-from rayguard.train.coordinator import RunCoordinator
+from rayguard.run.coordinator import RunCoordinator
 
 
 def coordinator(tmp_path) -> RunCoordinator:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from rayguard.train.coordinator import RunCoordinator
+from rayguard.run.coordinator import RunCoordinator
 
 
 def coordinator(tmp_path) -> RunCoordinator:

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from rayguard.health.stall import dump_stacks
 from rayguard.train.context import GuardContext
-from rayguard.train.session import dump_stacks
 
 VICTIM_TEXT = "precious\n"
 

@@ -1,0 +1,128 @@
+"""The fault-injection spec: a pure parser of ``GuardConfig(faults=...)`` /
+``RAYGUARD_FAULTS`` into :class:`Fault` records (no Ray, no process control: the config
+validates against it; :mod:`rayguard.faults.injector` fires the faults).
+
+Spec format: faults separated by ``;``, fields by ``,``::
+
+    kill:rank=1,step=5          # SIGKILL the worker process when rank 1 reports step 5
+    hang:rank=0,step=9          # block rank 0 forever (or seconds=S) at step 9
+    raise:rank=*,step=3         # raise InjectedFault on every rank at step 3
+    nan:rank=0,step=4,metric=loss   # report loss=NaN at step 4
+    kill:rank=0,at=load         # SIGKILL rank 0 inside rayguard.train.load_state()
+
+Fields: ``rank`` (an int or ``*``, default ``*``), ``step`` (int; required unless
+``at=load``), ``at`` (``report``, the default, or ``load``), ``attempt`` (only on that
+attempt; default: the first attempt that reaches the fault), ``seconds`` (hang only; default
+forever), ``metric`` (nan only; default ``loss``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rayguard.exceptions import FaultSpecError
+
+KINDS = ("kill", "hang", "raise", "nan")
+POINTS = ("report", "load")
+_FIELDS = {"rank", "step", "at", "attempt", "seconds", "metric"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault to inject."""
+
+    kind: str
+    rank: int | None = None
+    """None: every rank."""
+    step: int | None = None
+    at: str = "report"
+    attempt: int | None = None
+    seconds: float | None = None
+    metric: str = "loss"
+
+    @property
+    def key(self) -> str:
+        """Stable identity used to fire the fault once per run."""
+        return (f"{self.kind}:rank={'*' if self.rank is None else self.rank},step={self.step},"
+                f"at={self.at},attempt={self.attempt}")
+
+    def matches(self, *, rank: int, step: int | None, at: str, attempt: int) -> bool:
+        if self.at != at:
+            return False
+        if self.rank is not None and self.rank != rank:
+            return False
+        if self.attempt is not None and self.attempt != attempt:
+            return False
+        return at == "load" or self.step == step
+
+
+def _bad(part: str, why: str) -> FaultSpecError:
+    return FaultSpecError(
+        f"fault spec {part!r}: {why}. Fix: write faults as 'kind:rank=R,step=S' joined by ';', "
+        f"kind one of {', '.join(KINDS)} (e.g. 'kill:rank=1,step=5;nan:rank=0,step=9')"
+    )
+
+
+def _int_field(part: str, name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise _bad(part, f"{name}={value!r} is not an integer") from None
+    if number < 0:
+        raise _bad(part, f"{name}={number} must be >= 0")
+    return number
+
+
+def _parse_one(part: str) -> Fault:
+    kind, _, rest = part.partition(":")
+    kind = kind.strip()
+    if kind not in KINDS:
+        raise _bad(part, f"unknown kind {kind!r}")
+    fields: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        name, eq, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not value:
+            raise _bad(part, f"field {item!r} is not name=value")
+        if name not in _FIELDS:
+            raise _bad(part, f"unknown field {name!r} (known: {', '.join(sorted(_FIELDS))})")
+        if name in fields:
+            raise _bad(part, f"field {name!r} given twice")
+        fields[name] = value
+    at = fields.get("at", "report")
+    if at not in POINTS:
+        raise _bad(part, f"at={at!r} must be one of {', '.join(POINTS)}")
+    rank = fields.get("rank", "*")
+    step = _int_field(part, "step", fields["step"]) if "step" in fields else None
+    if at == "report" and step is None:
+        raise _bad(part, "step is required (or at=load)")
+    if "seconds" in fields and kind != "hang":
+        raise _bad(part, "seconds applies to hang only")
+    if "metric" in fields and kind != "nan":
+        raise _bad(part, "metric applies to nan only")
+    if kind == "nan" and at == "load":
+        raise _bad(part, "nan faults poison a reported metric, so at=load is meaningless")
+    seconds = None
+    if "seconds" in fields:
+        try:
+            seconds = float(fields["seconds"])
+        except ValueError:
+            raise _bad(part, f"seconds={fields['seconds']!r} is not a number") from None
+        if not seconds > 0:
+            raise _bad(part, "seconds must be > 0")
+    return Fault(
+        kind=kind,
+        rank=None if rank == "*" else _int_field(part, "rank", rank),
+        step=step,
+        at=at,
+        attempt=_int_field(part, "attempt", fields["attempt"]) if "attempt" in fields else None,
+        seconds=seconds,
+        metric=fields.get("metric", "loss"),
+    )
+
+
+def parse_faults(spec: str | None) -> tuple[Fault, ...]:
+    """Parse a fault spec; raises :class:`FaultSpecError` naming the bad part and the fix."""
+    if not spec or not spec.strip():
+        return ()
+    return tuple(_parse_one(part.strip()) for part in spec.split(";") if part.strip())

@@ -1,0 +1,45 @@
+"""NaN/inf in the watched metrics, acted on in a worker at each report.
+
+:func:`~rayguard.health.decisions.check_finite` decides; :class:`FiniteGuard` records
+``nan_detected`` (waited for: the worker is about to fail), lets the reports before this
+one reach Ray Train, and raises: :class:`~rayguard.exceptions.NonFiniteMetricError` (the
+group restarts from the last verified checkpoint before it) or, with ``nan_policy="fail"``,
+:class:`~rayguard.exceptions.FatalNonFiniteMetricError` (the run ends). No import of
+:mod:`rayguard.train`: the link and the flush are passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rayguard.exceptions import FatalNonFiniteMetricError, NonFiniteMetricError
+from rayguard.health.config import HealthConfig
+from rayguard.health.decisions import check_finite
+
+
+class FiniteGuard:
+    """``link``: a :class:`~rayguard.run.link.RunLink` (the event, the worker's place);
+    ``flush``: hands the reports already made to Ray Train (never raises)."""
+
+    def __init__(self, health: HealthConfig, link: Any, flush: Callable[[], None]) -> None:
+        self.health = health
+        self.link = link
+        self.flush = flush
+
+    def check(self, metrics: dict[str, Any], step: int) -> None:
+        """Raise when a watched metric of this report is NaN or inf."""
+        health = self.health
+        decision = check_finite(metrics, health.watch_metrics, policy=health.nan_policy,
+                                step=step)
+        if decision.ok:
+            return
+        self.link.record("nan_detected", f"{decision.reason}; policy {health.nan_policy}",
+                         step=step, wait=True, value=str(decision.value))
+        self.flush()
+        cls = FatalNonFiniteMetricError if decision.action == "fail" else NonFiniteMetricError
+        what = ("the run ends (nan_policy='fail')" if decision.action == "fail" else
+                "the worker group restarts from the last verified checkpoint before it")
+        ctx = self.link.ctx
+        raise cls(f"rank {ctx.rank} on node {ctx.node_id}: {decision.reason}; {what}. "
+                  "Fix: lower the learning rate, clip gradients, or check the data at that step.")

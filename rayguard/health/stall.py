@@ -1,0 +1,112 @@
+"""What a worker does when its watchdog finds it stalled, and what feeds the watchdog.
+
+On a stall (the watchdog's thread, :mod:`rayguard.health.watchdog`): leave the cause with
+the run (the controller reads it after this worker is gone), dump every thread's stacks,
+record ``stall_detected`` and SIGKILL the worker; Ray Train then restarts the group. Every
+``optimizer.step()`` of the process is a heartbeat (:func:`watch_optimizer_steps`). No
+import of :mod:`rayguard.train`: the worker's link and place are passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from rayguard.health.decisions import Decision
+
+logger = logging.getLogger("rayguard")
+
+
+class Place(Protocol):
+    """Where a worker runs (a :class:`~rayguard.train.context.GuardContext`)."""
+
+    rank: int
+    attempt: int
+    node_id: str
+    run_dir: str
+
+
+class StallResponder:
+    """The watchdog's ``on_stall`` for one worker: ``link`` (a
+    :class:`~rayguard.run.link.RunLink`) takes the marks and the event; ``last_step`` reads
+    the loop's last step; ``local_run_dir``: the stacks go into the run directory (else a
+    private temporary directory of the node)."""
+
+    def __init__(self, link: Any, *, last_step: Callable[[], int], local_run_dir: bool,
+                 kill: Callable[[], None] | None = None) -> None:
+        self.link = link
+        self.last_step = last_step
+        self.local_run_dir = local_run_dir
+        self._kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+    def __call__(self, decision: Decision) -> None:
+        """Runs in the watchdog thread: dump stacks, record, end this worker."""
+        ctx = self.link.ctx
+        self.link.mark(f"cause:{ctx.attempt}:{ctx.rank}", f"killed by rayguard: {decision.check}")
+        self.link.mark(f"killed:{ctx.attempt}:{ctx.rank}", decision.reason)
+        path = dump_stacks(ctx, local_run_dir=self.local_run_dir)
+        detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
+        try:
+            self.link.record("stall_detected", detail, step=self.last_step(), wait=True,
+                             timeout_s=decision.threshold, bound=decision.check, stacks=path)
+        finally:
+            self._kill()
+
+
+def watch_optimizer_steps(heartbeat: Any) -> Any:
+    """Every ``optimizer.step()`` in this process is progress for the watchdog (a heartbeat;
+    not a step: the step timer measures reports). A framework loop that reports only at its
+    saves or epoch ends (Transformers, Lightning) is then seen alive between its reports.
+    Returns the hook's handle (``None`` where torch has no global optimizer hook)."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # pragma: no cover - torch >= 2.4 has it
+        return None
+    return register_optimizer_step_post_hook(lambda *args, **kwargs: heartbeat())
+
+
+def dump_stacks(ctx: Place, *, local_run_dir: bool = True) -> str | None:
+    """Write the stacks of every thread of this worker into the run directory (with remote
+    storage: a fresh private directory, ``mkdtemp`` mode 0700, in the node's temporary
+    directory; the event names the file and the node). No write follows a link: the folder
+    is opened with O_NOFOLLOW and the file created in it with O_CREAT|O_EXCL|O_NOFOLLOW, so
+    links or files another user planted there are never written through."""
+    import faulthandler
+    import shutil
+    import subprocess
+    import tempfile
+
+    name = f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}-{os.getpid()}.txt"
+    try:
+        if local_run_dir:
+            directory = os.path.join(ctx.run_dir, "rayguard_stacks")
+            os.makedirs(directory, exist_ok=True)
+        else:
+            directory = tempfile.mkdtemp(prefix="rayguard_stacks-")
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o666, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        path = os.path.join(directory, name)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"# rank {ctx.rank} pid {os.getpid()} node {ctx.node_id}: Python stacks\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            py_spy = shutil.which("py-spy")
+            if py_spy:
+                f.write("\n# native + Python stacks (py-spy dump --native)\n")
+                f.flush()
+                proc = subprocess.run([py_spy, "dump", "--native", "--pid", str(os.getpid())],
+                                      capture_output=True, text=True, timeout=20)
+                f.write(proc.stdout or proc.stderr)
+        return path
+    except Exception as exc:  # a failed dump must not stop the restart
+        logger.warning("rayguard: could not dump stacks: %s", exc)
+        return None
+

@@ -1,0 +1,327 @@
+"""The link to the run: what a worker knows of its run, and its one client of the coordinator.
+
+Set-up builds a :class:`RunLink` first (the worker's context plus the run's coordinator
+actor) and hands it to every worker part: the checkpoint collective, the memory tier, the
+preemption watch, the stall responder, the report bridge. Every call a worker makes to the
+coordinator is a method here, with one timeout policy (:class:`LinkTimeouts`). A run
+without a coordinator (a session in a unit test, a benchmark) gets a :class:`NullLink`:
+events are logged only, a gather returns this rank's value, a claim is always won, a fact
+is never there. No worker part checks for a missing coordinator itself.
+
+A wait for peers counts as progress: a link built with :meth:`RunLink.feeding` calls the
+watchdog's heartbeat while it waits (:meth:`RunLink.quiet`: a background thread's link,
+whose waits are not the loop's progress).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rayguard.events import make_event
+from rayguard.exceptions import RayGuardError
+
+logger = logging.getLogger("rayguard")
+
+
+@dataclass(frozen=True)
+class LinkTimeouts:
+    """How long a worker waits for the coordinator, by kind of call (seconds; ``None``: as
+    long as it takes)."""
+
+    ack_s: float = 10.0
+    """A fact or event that must arrive before this worker may go (marks, failure records,
+    a waited-for event, the final metrics and step summary)."""
+    answer_s: float | None = None
+    """A question the worker cannot go on without (attempt, claim, get, rejections)."""
+    fact_s: float = 1800.0
+    """A fact another rank leaves (:meth:`RunLink.wait_for`)."""
+    memory_s: float = 120.0
+    """The memory tier's calls (a lost node answers with an error well before)."""
+    poll_s: float = 1.0
+    """How often a long wait wakes to feed the watchdog."""
+
+
+def read_attempt(actor: Any, timeouts: LinkTimeouts = LinkTimeouts()) -> int:
+    """The attempt this worker group runs (0 without a coordinator), read before the
+    context (which holds it) exists."""
+    if actor is None:
+        return 0
+    import ray
+
+    return int(ray.get(actor.attempt.remote(), timeout=timeouts.answer_s))
+
+
+class RunLink:
+    """A worker's link to its run: ``ctx`` (rank, attempt, node, world size) and the run's
+    coordinator ``actor``. Built once per worker by set-up; treat it as read-only."""
+
+    connected = True
+    """Whether a coordinator answers (the memory tier needs one)."""
+
+    def __init__(self, ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts(),
+                 heartbeat: Callable[[], None] | None = None) -> None:
+        self.ctx = ctx
+        """The worker's :class:`~rayguard.train.context.GuardContext`."""
+        self.actor = actor
+        self.timeouts = timeouts
+        self._heartbeat = heartbeat
+
+    def feeding(self, heartbeat: Callable[[], None] | None) -> RunLink:
+        """The same link whose waits call ``heartbeat`` (the training loop's link)."""
+        link = type(self).__new__(type(self))
+        link.__dict__.update(self.__dict__, _heartbeat=heartbeat)
+        return link
+
+    def quiet(self) -> RunLink:
+        """The same link whose waits are not progress (a background thread's)."""
+        return self.feeding(None)
+
+    def progress(self) -> None:
+        """This rank is making progress (a heartbeat, where this link feeds one)."""
+        if self._heartbeat is not None:
+            self._heartbeat()
+
+    # -- events and facts -------------------------------------------------------------------
+    def record(self, kind: str, detail: str, *, step: int | None = None, wait: bool = False,
+               **extra: Any) -> None:
+        """Add an event to the run's log (fire-and-forget unless ``wait``)."""
+        ctx = self.ctx
+        event = make_event(kind, detail, rank=ctx.rank, node=ctx.node_id, step=step,
+                           attempt=ctx.attempt, **extra)
+        from rayguard.progress import NOTABLE_KINDS
+
+        logger.log(logging.WARNING if kind in NOTABLE_KINDS else logging.DEBUG,
+                   "rayguard event %s rank=%s step=%s: %s", kind, ctx.rank, step, detail)
+        self._send_event(event, wait)
+
+    def _send_event(self, event: dict[str, Any], wait: bool) -> None:
+        ref = self.actor.record.remote(event)
+        if wait:
+            import ray
+
+            ray.get(ref, timeout=self.timeouts.ack_s)
+
+    def mark(self, key: str, value: Any) -> None:
+        """Leave a fact, waited for (the controller reads it after this worker is gone)."""
+        import ray
+
+        try:
+            ray.get(self.actor.put.remote(key, value), timeout=self.timeouts.ack_s)
+        except Exception as exc:
+            logger.debug("rayguard: could not leave %s with the coordinator: %s", key, exc)
+
+    def put(self, key: str, value: Any) -> None:
+        """Leave a fact (fire-and-forget)."""
+        self.actor.put.remote(key, value)
+
+    def get(self, key: str) -> Any:
+        """A fact as it is now (``None``: not there)."""
+        import ray
+
+        return ray.get(self.actor.get.remote(key), timeout=self.timeouts.answer_s)
+
+    def wait_for(self, key: str, timeout_s: float | None = None) -> Any:
+        """A fact another rank leaves, waited for (a wait is progress)."""
+        import ray
+
+        timeout_s = self.timeouts.fact_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = ray.get(self.actor.get.remote(key))
+            if value is not None:
+                return value
+            self.progress()
+            time.sleep(0.05)
+        raise RayGuardError(f"rank {self.ctx.rank}: no answer for {key!r} in {timeout_s} s")
+
+    def claim(self, key: str) -> bool:
+        """Whether this rank is the first of the run to ask for ``key``."""
+        import ray
+
+        return bool(ray.get(self.actor.claim.remote(key), timeout=self.timeouts.answer_s))
+
+    # -- the gather ---------------------------------------------------------------------------
+    def gather(self, tag: str, value: Any) -> list[Any]:
+        """All ranks' values for ``tag`` in rank order (a tag is used once per attempt)."""
+        if self.ctx.world_size == 1:
+            return [value]
+        import ray
+
+        ref = self.actor.gather.remote(f"a{self.ctx.attempt}:{tag}", self.ctx.rank,
+                                       self.ctx.world_size, value)
+        while True:
+            ready, _ = ray.wait([ref], timeout=self.timeouts.poll_s)
+            if ready:
+                result = ray.get(ref)
+                if result is None:
+                    raise RayGuardError(f"rank {self.ctx.rank}: peers never reached {tag!r}")
+                return list(result)
+            self.progress()
+
+    def contribute(self, tag: str, value: Any) -> None:
+        """Join the gather ``tag`` without waiting for its result (a rank with nothing to
+        add where some peers may have something)."""
+        if self.ctx.world_size == 1:
+            return
+        self.actor.gather.remote(f"a{self.ctx.attempt}:{tag}", self.ctx.rank,
+                                 self.ctx.world_size, value)
+
+    # -- checkpoints rejected by any rank or attempt -------------------------------------------
+    def rejected_checkpoints(self) -> dict[str, str]:
+        import ray
+
+        return dict(ray.get(self.actor.rejected_checkpoints.remote(),
+                            timeout=self.timeouts.answer_s))
+
+    def reject_checkpoint(self, path: str, why: str) -> None:
+        self.actor.reject_checkpoint.remote(path, why)
+
+    # -- how the attempt goes -------------------------------------------------------------------
+    def record_failure(self, exc: BaseException, last_step: int) -> None:
+        """Tell the coordinator how this attempt ended (the crash-loop rule and the driver's
+        final exception read it)."""
+        if not isinstance(exc, Exception):
+            return
+        import traceback
+
+        import ray
+
+        from rayguard.health.crash_loop import describe_exception
+
+        error_type, origin, summary = describe_exception(exc)
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        ctx = self.ctx
+        try:
+            ray.get(self.actor.record_failure.remote(
+                ctx.rank, ctx.attempt, error_type, origin, last_step, summary, text),
+                timeout=self.timeouts.ack_s)
+        except Exception as err:  # the user's exception matters more than this record
+            logger.debug("rayguard: could not record the failure: %s", err)
+
+    def send_progress(self, update: dict[str, Any], *, wait: bool = False) -> None:
+        """Rank 0's latest step and metrics (the driver's progress line)."""
+        ref = self.actor.progress.remote(update)
+        if wait:
+            import ray
+
+            try:
+                ray.get(ref, timeout=self.timeouts.ack_s)
+            except Exception as exc:
+                logger.debug("rayguard: could not send the final metrics: %s", exc)
+
+    def send_summary(self, summary: dict[str, Any], *, wait: bool = False) -> None:
+        """Step timing (see rayguard.observe.steps), fire-and-forget unless ``wait``."""
+        try:
+            ref = self.actor.step_summary.remote(summary)
+            if wait:
+                import ray
+
+                ray.get(ref, timeout=self.timeouts.ack_s)
+        except Exception as exc:  # observing must never break the loop
+            logger.debug("rayguard: step summary not sent: %s", exc)
+
+    # -- the memory tier's registry (rayguard.train.memory_tier) -----------------------------
+    def memory_keeper(self, node_id: str) -> Any:
+        import ray
+
+        return ray.get(self.actor.memory_keeper.remote(node_id), timeout=self.timeouts.memory_s)
+
+    def memory_offer(self, final: str, step: int, digests: dict[str, str],
+                     refs: list[Any]) -> None:
+        import ray
+
+        ctx = self.ctx
+        ray.get(self.actor.memory_offer.remote(final, step, ctx.rank, ctx.node_id, digests,
+                                               refs), timeout=self.timeouts.memory_s)
+
+    def memory_commit(self, final: str, step: int) -> None:
+        self.actor.memory_commit.remote(final, step)
+
+    def memory_committed(self) -> str | None:
+        import ray
+
+        return ray.get(self.actor.memory_committed.remote(), timeout=self.timeouts.memory_s)
+
+    def memory_lookup(self, path: str, rank: int) -> tuple[list[Any], dict[str, str]] | None:
+        import ray
+
+        return ray.get(self.actor.memory_lookup.remote(path, rank),
+                       timeout=self.timeouts.memory_s)
+
+
+class NullLink(RunLink):
+    """The link of a worker without a coordinator: events are logged only, a gather returns
+    this rank's value, a claim is always won, facts are never there."""
+
+    connected = False
+
+    def __init__(self, ctx: Any, *, timeouts: LinkTimeouts = LinkTimeouts(),
+                 heartbeat: Callable[[], None] | None = None) -> None:
+        super().__init__(ctx, None, timeouts=timeouts, heartbeat=heartbeat)
+
+    def _send_event(self, event: dict[str, Any], wait: bool) -> None:
+        return None
+
+    def mark(self, key: str, value: Any) -> None:
+        return None
+
+    def put(self, key: str, value: Any) -> None:
+        return None
+
+    def get(self, key: str) -> Any:
+        return None
+
+    def wait_for(self, key: str, timeout_s: float | None = None) -> Any:
+        return None
+
+    def claim(self, key: str) -> bool:
+        return True
+
+    def gather(self, tag: str, value: Any) -> list[Any]:
+        return [value]
+
+    def contribute(self, tag: str, value: Any) -> None:
+        return None
+
+    def rejected_checkpoints(self) -> dict[str, str]:
+        return {}
+
+    def reject_checkpoint(self, path: str, why: str) -> None:
+        return None
+
+    def record_failure(self, exc: BaseException, last_step: int) -> None:
+        return None
+
+    def send_progress(self, update: dict[str, Any], *, wait: bool = False) -> None:
+        return None
+
+    def send_summary(self, summary: dict[str, Any], *, wait: bool = False) -> None:
+        return None
+
+    def memory_keeper(self, node_id: str) -> Any:
+        raise RayGuardError("no coordinator: no memory tier")
+
+    def memory_offer(self, final: str, step: int, digests: dict[str, str],
+                     refs: list[Any]) -> None:
+        return None
+
+    def memory_commit(self, final: str, step: int) -> None:
+        return None
+
+    def memory_committed(self) -> str | None:
+        return None
+
+    def memory_lookup(self, path: str, rank: int) -> tuple[list[Any], dict[str, str]] | None:
+        return None
+
+
+def make_link(ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts()) -> RunLink:
+    """The link of a worker: a :class:`RunLink` over ``actor``, or a :class:`NullLink` when
+    the run has no coordinator."""
+    if actor is None:
+        return NullLink(ctx, timeouts=timeouts)
+    return RunLink(ctx, actor, timeouts=timeouts)
