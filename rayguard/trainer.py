@@ -151,7 +151,7 @@ class RobustTrainer(GuardHooksTrainer):
         import ray
 
         from rayguard.logs import configure_logging
-        from rayguard.progress import ProgressPrinter
+        from rayguard.observe.progress import ProgressPrinter
         from rayguard.run.coordinator import start_coordinator
         from rayguard.serialization.register import register_if_enabled
 

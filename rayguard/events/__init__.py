@@ -22,13 +22,19 @@ log as ``rayguard events RUN_DIR`` does.
 """
 
 from rayguard.events.files import events_path, sweep_events_path
-from rayguard.events.kinds import KINDS, NOTABLE_KINDS, RUN_KINDS, SWEEP_KINDS, check_kind
+from rayguard.events.kinds import KINDS, NOTABLE_KINDS, RUN_KINDS, SWEEP_KINDS
+from rayguard.events.kinds import check_kind as check_kind
 from rayguard.events.lines import EventSource
-from rayguard.events.log import EventLog, append_events
+from rayguard.events.log import EventLog as EventLog
+from rayguard.events.log import append_events as append_events
 from rayguard.events.read import ParsedLog, follow, iter_events, locate, read, read_log
-from rayguard.events.record import BASE_FIELDS, json_safe, make_event
+from rayguard.events.record import BASE_FIELDS as BASE_FIELDS
+from rayguard.events.record import json_safe as json_safe
+from rayguard.events.record import make_event as make_event
 
-__all__ = ["BASE_FIELDS", "KINDS", "NOTABLE_KINDS", "RUN_KINDS", "SWEEP_KINDS", "EventLog",
-           "EventSource", "ParsedLog", "append_events", "check_kind", "events_path", "follow",
-           "iter_events", "json_safe", "locate", "make_event", "read", "read_log",
+# What users call: read a run's or a sweep's log, locally or remotely, once or following it.
+# The writer's parts (EventLog, make_event, json_safe, append_events, check_kind, BASE_FIELDS)
+# import from here too, as in 0.1, but are the coordinator's and the sweep log's.
+__all__ = ["KINDS", "NOTABLE_KINDS", "RUN_KINDS", "SWEEP_KINDS", "EventSource", "ParsedLog",
+           "events_path", "follow", "iter_events", "locate", "read", "read_log",
            "sweep_events_path"]

@@ -22,12 +22,13 @@ subclasses)                                      unsupported Ray, a bad ``RAYGUA
 ``PreflightError``                 preflight     a preflight check failed at worker start-up
 ``WorkerSetupError``               setup         device, env or NUMA set-up failed
 ``StateNotCheckpointableError``    checkpoint    ``report(state=)`` holds an unsaveable value
-``ShardedStateError``              checkpoint    ``state=``/``sharded=`` misused (``fatal = True``)
-``FatalNonFiniteMetricError``      nan           NaN/inf with ``nan_policy="fail"`` (``fatal = True``)
+``ShardedStateError``              checkpoint    ``state=``/``sharded=`` misused
+``FatalNonFiniteMetricError``      nan           NaN/inf with ``nan_policy="fail"``
 =================================  ============  ==============================================
 
-The classes of :mod:`rayguard.exceptions` are named here; a class defined elsewhere joins
-the table by setting ``fatal = True`` (the two last rows), the one mechanism besides it.
+Every rayguard exception a restart cannot fix is defined in :mod:`rayguard.exceptions` and
+named here. A class defined elsewhere (a user's own error) may join the table by setting
+``fatal = True``, the one mechanism besides it.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from __future__ import annotations
 from rayguard.exceptions import (
     CheckpointError,
     ConfigError,
+    FatalNonFiniteMetricError,
     NonFiniteMetricError,
     PreflightError,
     SerializationError,
+    ShardedStateError,
     StateNotCheckpointableError,
     WorkerSetupError,
 )
@@ -52,13 +55,16 @@ FATAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
     (PreflightError, "preflight"),
     (WorkerSetupError, "setup"),
     (StateNotCheckpointableError, "checkpoint"),
+    (ShardedStateError, "checkpoint"),
+    (FatalNonFiniteMetricError, "nan"),
 )
 """``(exception type, cause)`` of every rayguard exception a restart cannot fix."""
 
 FATAL_ERRORS: tuple[type[BaseException], ...] = tuple(t for t, _ in FATAL_TYPES)
 
-FATAL_BY_ATTRIBUTE = ("FatalNonFiniteMetricError", "ShardedStateError")
-"""Fatal classes defined outside :mod:`rayguard.exceptions` (``fatal = True``)."""
+FATAL_BY_ATTRIBUTE: tuple[str, ...] = ()
+"""rayguard's fatal classes defined outside :mod:`rayguard.exceptions` (``fatal = True``):
+none since 0.2 (0.1 had two in ``rayguard.train``)."""
 
 _ATTRIBUTE_CAUSES: tuple[tuple[type[BaseException], str], ...] = (
     (NonFiniteMetricError, "nan"),

@@ -13,9 +13,10 @@ from typing import Any
 
 from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
 from rayguard.events import EventLog
+from rayguard.events.kinds import NOTABLE_KINDS
 from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.observe.observer import RunObserver
-from rayguard.progress import NOTABLE_KINDS, attempt_view
+from rayguard.observe.progress import attempt_view
 
 
 class RunCoordinator:
@@ -134,7 +135,7 @@ class RunCoordinator:
     def get_progress(self) -> dict[str, Any]:
         """The progress line's data: the running attempt's step (none until it reported),
         the last metrics, and the step of this ``fit()``'s last checkpoint at or before that
-        step (:func:`rayguard.progress.attempt_view`)."""
+        step (:func:`rayguard.observe.progress.attempt_view`)."""
         return attempt_view(self._progress, self.attempt(), list(self._commit_steps))
 
     def close(self) -> None:

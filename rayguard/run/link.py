@@ -92,7 +92,7 @@ class RunLink:
         ctx = self.ctx
         event = make_event(kind, detail, rank=ctx.rank, node=ctx.node_id, step=step,
                            attempt=ctx.attempt, **extra)
-        from rayguard.progress import NOTABLE_KINDS
+        from rayguard.events.kinds import NOTABLE_KINDS
 
         logger.log(logging.WARNING if kind in NOTABLE_KINDS else logging.DEBUG,
                    "rayguard event %s rank=%s step=%s: %s", kind, ctx.rank, step, detail)

@@ -173,7 +173,7 @@ class WorkerSession:
         for, when the function returns."""
         if self.ctx.rank != 0 or self._last_metrics is None:
             return
-        from rayguard.progress import SEND_INTERVAL_S
+        from rayguard.constants import SEND_INTERVAL_S
 
         now = time.monotonic()
         if not final and now - self._progress_sent_at < SEND_INTERVAL_S:

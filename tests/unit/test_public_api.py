@@ -42,6 +42,15 @@ PUBLIC = {
         "SerializerPolicy", "deregister_tensor_serializers", "is_registered",
         "register_tensor_serializers"],
     "rayguard.testing": ["Fault", "FaultInjector", "parse_faults"],
+    "rayguard.faults": ["KINDS", "POINTS", "Fault", "FaultInjector", "parse_faults"],
+    "rayguard.failures": [
+        "AFTER_ONE_REPEAT", "CAUSES", "FATAL_ERRORS", "NOT_RETRIED", "RETRIED", "RETRY_POLICIES",
+        "Failure", "classify", "fatal_cause", "most_severe"],
+    "rayguard.events": [
+        "KINDS", "NOTABLE_KINDS", "RUN_KINDS", "SWEEP_KINDS", "EventSource", "ParsedLog",
+        "events_path", "follow", "iter_events", "locate", "read", "read_log",
+        "sweep_events_path"],
+    "rayguard.run": [],
     "rayguard.controller": [],
     "rayguard.observe": [],
     "rayguard._ray": [],
@@ -58,6 +67,11 @@ DEPRECATED = {
         "read_shard": "rayguard.checkpoint.reader",
         "shard_rank_for": "rayguard.checkpoint.reader",
         "write_shard": "rayguard.checkpoint.writer"},
+    "rayguard.progress": {
+        "NOTABLE_KINDS": "rayguard.events.kinds",
+        "SEND_INTERVAL_S": "rayguard.constants",
+        "ProgressPrinter": "rayguard.observe.progress",
+        "attempt_view": "rayguard.observe.progress"},
     "rayguard.elastic": {
         "assignment_from_state": "rayguard.elastic.remap",
         "slot_key": "rayguard.elastic.remap",

@@ -23,7 +23,8 @@ def test_every_fatal_exception_is_in_the_table() -> None:
     listed = {cls for cls, _ in FATAL_TYPES}
     assert all(any(issubclass(c, t) for t in listed) for c in fatal_in_exceptions)
     assert FATAL_ERRORS == tuple(listed_cls for listed_cls, _ in FATAL_TYPES)
-    assert set(FATAL_BY_ATTRIBUTE) == {"FatalNonFiniteMetricError", "ShardedStateError"}
+    assert FATAL_BY_ATTRIBUTE == ()  # every rayguard fatal class is in the one table
+    assert {"FatalNonFiniteMetricError", "ShardedStateError"} <= {c.__name__ for c in listed}
 
 
 def test_the_table_and_the_docs_name_the_same_classes() -> None:
