@@ -91,6 +91,13 @@ def _label_reason(exc: BaseException, mark: str | None, died: bool) -> tuple[str
     return "error", f"{name}: {first[:300]}"
 
 
+def is_kill_mark(mark: object) -> bool:
+    """Whether a worker's mark says it was killed on purpose: by rayguard's watchdog
+    (``killed by rayguard: <bound>``) or by an injected kill."""
+    return isinstance(mark, str) and (mark.startswith("killed by rayguard")
+                                      or mark == "injected kill")
+
+
 def classify(exc: BaseException, mark: str | None = None) -> Failure:
     """The one classification of a worker's failure.
 
@@ -103,7 +110,7 @@ def classify(exc: BaseException, mark: str | None = None) -> Failure:
     lines = message.strip().splitlines()
     summary = f"{cls.__name__}: {lines[0]}" if lines else cls.__name__
     error_type = f"{cls.__module__}.{cls.__qualname__}"
-    killed = bool(mark) and (str(mark).startswith("killed by rayguard") or mark == "injected kill")
+    killed = is_kill_mark(mark)
     died = _died(exc)
     label, reason = _label_reason(exc, mark, died)
     details = f"{cls.__name__}: {message}"[:20000]

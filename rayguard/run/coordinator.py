@@ -14,6 +14,7 @@ from typing import Any
 from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
 from rayguard.events import EventLog
 from rayguard.events.kinds import NOTABLE_KINDS
+from rayguard.failures.taxonomy import is_kill_mark
 from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
@@ -98,8 +99,7 @@ class RunCoordinator:
         (the worker left its cause before it went)."""
         out = set()
         for key, value in list(self._store.items()):
-            if key.startswith("cause:") and isinstance(value, str) and (
-                    value.startswith("killed by rayguard") or value == "injected kill"):
+            if key.startswith("cause:") and is_kill_mark(value):
                 out.add(int(key.split(":")[1]))
         return out
 
