@@ -13,22 +13,30 @@ from typing import Any
 REMOVED_IN = "0.3"
 
 
-def _warn(package: str, name: str, home: str) -> None:
-    warnings.warn(
-        f"{package}.{name} is internal and leaves {package}'s public names in rayguard "
-        f"{REMOVED_IN}. Fix: import it from {home} (or use the public API that wraps it).",
-        DeprecationWarning, stacklevel=3)
+def _warn(package: str, name: str, home: str, *, module_moved: bool = False,
+          stacklevel: int = 3) -> None:
+    if module_moved:
+        text = (f"{package} is deprecated: {package}.{name} is {home}.{name}, and {package} "
+                f"goes in rayguard {REMOVED_IN}. Fix: import it from {home}.")
+    else:
+        text = (f"{package}.{name} is internal and leaves {package}'s public names in rayguard "
+                f"{REMOVED_IN}. Fix: import it from {home} (or use the public API that wraps "
+                "it).")
+    warnings.warn(text, DeprecationWarning, stacklevel=stacklevel)
 
 
-def moved(package: str, table: dict[str, str]) -> Callable[[str], Any]:
+def moved(package: str, table: dict[str, str], *, module_moved: bool = False,
+          stacklevel: int = 3) -> Callable[[str], Any]:
     """A module ``__getattr__`` serving each name of ``table`` from its defining module, with
-    a warning; any other name raises AttributeError as usual."""
+    a warning; any other name raises AttributeError as usual. ``module_moved``: the whole
+    module is deprecated (not only these names). ``stacklevel``: 4 when the package's own
+    ``__getattr__`` calls this one (the warning then points at the user's import)."""
 
     def __getattr__(name: str) -> Any:
         home = table.get(name)
         if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        _warn(package, name, home)
+        _warn(package, name, home, module_moved=module_moved, stacklevel=stacklevel)
         return getattr(importlib.import_module(home), name)
 
     return __getattr__

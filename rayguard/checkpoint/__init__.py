@@ -48,7 +48,7 @@ _INTERNAL = {"cleanup_staging": "rayguard.checkpoint.commit",
              "read_shard": "rayguard.checkpoint.reader",
              "shard_rank_for": "rayguard.checkpoint.reader",
              "write_shard": "rayguard.checkpoint.writer"}
-_moved = _deprecated.moved("rayguard.checkpoint", _INTERNAL)
+_moved = _deprecated.moved("rayguard.checkpoint", _INTERNAL, stacklevel=4)
 commit = _deprecated.shadowing("rayguard.checkpoint", _commit, "rayguard.checkpoint.commit")
 """Deprecated here: :func:`rayguard.checkpoint.commit.commit`."""
 
