@@ -81,3 +81,67 @@ def test_a_streamed_digest_of_another_size_is_not_trusted(tmp_path: Path):
     (record,) = [r for r in sh.record_dcp_files(tmp_path, 0, digests=writer.digests)
                  if r.path == f"dcp/{name}"]
     assert record.size_bytes == size + 24 and record.digest != digest
+
+
+def _streamed_checkpoint(root: Path, step: int) -> Path:
+    """A committed checkpoint whose DCP records come from the digests taken while writing."""
+    import torch.distributed.checkpoint as dcp
+
+    from rayguard import checkpoint as ck
+    from rayguard.checkpoint.commit import commit, staging_dir_for
+    from rayguard.checkpoint.dcp_writer import HashingWriter
+    from rayguard.checkpoint.writer import write_shard
+
+    final = root / f"checkpoint_{step:09d}_a0"
+    staging = staging_dir_for(final)
+    state = {"model": {"w": torch.full((300_000,), float(step))}, "extra": {"n": step}}
+    writer = HashingWriter(staging / sh.DCP_DIR, sync_files=False)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    plain = write_shard(staging, 0, {"step": step})
+    record = ck.ShardRecord(0, plain.files + sh.record_dcp_files(staging, 0, digests=writer.digests))
+    meta = {sh.SHARDED_KEY: sh.describe_sharded(1, [], ["model", "extra"])}
+    return commit(staging, final, [record], world_size=1, step=step, metadata=meta)
+
+
+def _load(path: Path) -> dict:
+    from rayguard.train import sharded as adapter
+
+    state = {"model": {"w": torch.zeros(300_000)}, "extra": {"n": -1}}
+    adapter.load(str(path), state)
+    return state
+
+
+def test_a_corrupted_streamed_dcp_file_is_rejected_and_the_older_one_loaded(tmp_path: Path):
+    from rayguard import checkpoint as ck
+
+    old, new = _streamed_checkpoint(tmp_path, 1), _streamed_checkpoint(tmp_path, 2)
+    assert ck.verify(new).ok
+    data = new / sh.DCP_DIR / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+    report = ck.verify(new)
+    assert [p.file for p in report.problems] == ["dcp/__0_0.distcp"]
+    assert "sha256 mismatch" in report.problems[0].what
+    found = ck.scan(tmp_path)
+    assert found.chosen == old and [r.path for r in found.rejected] == [str(new)]
+    state = _load(found.chosen)
+    assert state["extra"]["n"] == 1 and bool((state["model"]["w"] == 1.0).all())
+
+
+def test_a_forged_metadata_beside_streamed_digests_never_runs_code(tmp_path: Path):
+    from rayguard import checkpoint as ck
+    from rayguard.exceptions import CheckpointCorruptError
+    from rayguard.testing.forge import command_pickle, forge_file
+
+    old, new = _streamed_checkpoint(tmp_path, 1), _streamed_checkpoint(tmp_path, 2)
+    marker = tmp_path / "pwned"
+    forge_file(new, "dcp/.metadata", command_pickle(f"touch {marker}"))  # manifest rewritten
+    report = ck.verify(new)
+    assert [p.file for p in report.problems] == ["dcp/.metadata"]
+    assert "refusing to unpickle posix.system" in report.problems[0].what
+    assert ck.find_latest_valid(tmp_path)[0] == old
+    with pytest.raises(CheckpointCorruptError, match="refusing to unpickle posix.system"):
+        _load(new)
+    assert not marker.exists()
+    assert _load(old)["extra"]["n"] == 1
