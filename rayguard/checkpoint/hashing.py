@@ -229,6 +229,7 @@ class WriteHasher:
                 finished.append(self._current)
                 self._current, self._filled = hashlib.sha256(), 0
         futures = []
+        last = pieces.pop() if pieces else None  # hashed by this thread once its write is done
         for h, piece in pieces:
             if self._pool is None or piece.nbytes < INLINE_BYTES:
                 h.update(piece)
@@ -236,6 +237,8 @@ class WriteHasher:
                 futures.append(self._pool.submit(_update, h, piece))
         try:
             written = write()
+            if last is not None:
+                last[0].update(last[1])
         finally:
             for f in futures:
                 f.result()
