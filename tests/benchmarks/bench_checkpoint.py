@@ -10,6 +10,7 @@ optimizer-like dict), it times, interleaved per repetition:
   rayguard.save    rayguard.checkpoint.save (hash while writing, fsync, manifest, rename)
   torch.load       torch.load(path, weights_only=True)            (page cache warm)
   rayguard.load    rayguard.checkpoint.load (verify every byte)  (page cache warm)
+(the saves in an order rotated per repetition, so none always follows another's write-back),
 and prints medians and the ratios against the targets (save <= 1.10x torch.save+fsync,
 load+verify <= 1.15x torch.load). Never fails on a time: it is a measurement.
 
@@ -127,8 +128,10 @@ def run_rep(d: Path, rep: int, state: dict, raw_src: memoryview, times: dict[str
     }
     if dcp:
         ops["dcp.save"] = lambda: dcp_save(d / "dcp", state)
-    for name, fn in ops.items():
-        times.setdefault(name, []).append(timed(fn))
+    names = list(ops)
+    names = names[rep % len(names):] + names[: rep % len(names)]  # rotate: no fixed order
+    for name in names:
+        times.setdefault(name, []).append(timed(ops[name]))
     (d / "raw.bin").unlink()
     shutil.rmtree(d / "dcp", ignore_errors=True)
     loads: dict[str, Callable[[], object]] = {

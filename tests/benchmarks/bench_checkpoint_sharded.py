@@ -110,10 +110,13 @@ def _worker(rank: int, size_mib: int, reps: int, work: str, port: int, out: str,
             "rayguard.load+verify": partial(_rayguard_load, root, rep, rank, sharded),
             "rayguard.verify only": partial(_verify_only, root, rep, rank),
         }
-        for name, fn in ops.items():
-            times.setdefault(name, []).append(_timed(fn))
+        order = list(ops)
+        if rep % 2:  # alternate who goes first, so neither always meets the other's write-back
+            order = [order[1], order[0], order[3], order[2], order[4]]
+        for name in order:
+            times.setdefault(name, []).append(_timed(ops[name]))
         if rank == 0:
-            print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
+            print(f"rep {rep}: " + ", ".join(f"{k} {times[k][-1]:.2f}s" for k in ops), flush=True)
             shutil.rmtree(root / f"dcp{rep}", ignore_errors=True)
             shutil.rmtree(root / f"checkpoint_{rep:09d}_a0", ignore_errors=True)
         dist.barrier()
