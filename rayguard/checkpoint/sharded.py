@@ -61,7 +61,10 @@ def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
     directory = Path(checkpoint_dir) / DCP_DIR
     names = files_of_rank(os.listdir(directory), rank)
     paths = [directory / n for n in names]
-    sizes = [p.stat().st_size for p in paths]
+    try:
+        sizes = [p.stat().st_size for p in paths]
+    except OSError as exc:
+        raise CheckpointError(f"rank {rank}: could not stat a DCP file after the save ({exc})") from exc
     known = dict(digests or {})
     streamed = {n: known[n] for n, size in zip(names, sizes, strict=True)
                 if n in known and known[n][0] == size}
