@@ -14,7 +14,7 @@ import hashlib
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,12 +40,12 @@ def combine(chunk_digests: Sequence[bytes]) -> str:
     return hashlib.sha256(b"".join(chunk_digests)).hexdigest()
 
 
-def digest_bytes(data: bytes) -> tuple[str, tuple[str, ...]]:
+def digest_bytes(data: bytes, chunk_size: int = CHUNK_SIZE_BYTES) -> tuple[str, tuple[str, ...]]:
     """(file digest, chunk digests) of an in-memory buffer. Reference implementation."""
     view = memoryview(data)
     chunks = [
-        hashlib.sha256(view[i : i + CHUNK_SIZE_BYTES]).digest()
-        for i in range(0, len(view), CHUNK_SIZE_BYTES)
+        hashlib.sha256(view[i : i + chunk_size]).digest()
+        for i in range(0, len(view), chunk_size)
     ]
     return combine(chunks), tuple(c.hex() for c in chunks)
 
@@ -187,3 +187,66 @@ def hash_files(
         else:
             out.append((combine(digests[k]), tuple(d.hex() for d in digests[k])))
     return out
+
+
+INLINE_BYTES = 1024 * 1024
+"""Pieces smaller than this are hashed in the caller's thread (a pool task costs more)."""
+
+
+def _update(h: hashlib._Hash, view: memoryview) -> None:
+    h.update(view)
+
+
+class WriteHasher:
+    """Hashes a stream as it is written, one write at a time, for writers whose buffers are
+    valid only during the write call (DCP's ``torch.save`` into a stream).
+
+    :meth:`around` hashes ``view`` on the pool while the caller's ``write`` sends the same
+    bytes to the file, and returns only when both are done, so no buffer outlives its call
+    and at most one write's bytes are in flight. A chunk that spans writes is one
+    incremental sha256 fed in stream order. ``pool=None`` hashes inline.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor | None, chunk_size: int = CHUNK_SIZE_BYTES) -> None:
+        self._pool = pool
+        self._chunk_size = chunk_size
+        self._current = hashlib.sha256()
+        self._filled = 0
+        self._done: list[bytes] = []
+        self.nbytes = 0
+
+    def around(self, view: memoryview, write: Callable[[], int]) -> int:
+        """Run ``write()`` (which writes ``view``) while ``view`` is hashed; returns its result."""
+        pieces: list[tuple[hashlib._Hash, memoryview]] = []
+        finished: list[hashlib._Hash] = []
+        start = 0
+        while start < view.nbytes:
+            take = min(view.nbytes - start, self._chunk_size - self._filled)
+            pieces.append((self._current, view[start : start + take]))
+            self._filled += take
+            start += take
+            if self._filled == self._chunk_size:
+                finished.append(self._current)
+                self._current, self._filled = hashlib.sha256(), 0
+        futures = []
+        last = pieces.pop() if pieces else None  # hashed by this thread once its write is done
+        for h, piece in pieces:
+            if self._pool is None or piece.nbytes < INLINE_BYTES:
+                h.update(piece)
+            else:
+                futures.append(self._pool.submit(_update, h, piece))
+        try:
+            written = write()
+            if last is not None:
+                last[0].update(last[1])
+        finally:
+            for f in futures:
+                f.result()
+        self._done.extend(h.digest() for h in finished)
+        self.nbytes += view.nbytes
+        return written
+
+    def finish(self) -> tuple[str, tuple[str, ...]]:
+        """(file digest, chunk digests in hex) of everything written."""
+        raw = self._done + ([self._current.digest()] if self._filled else [])
+        return combine(raw), tuple(d.hex() for d in raw)

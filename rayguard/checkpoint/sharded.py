@@ -15,7 +15,7 @@ Pure: no torch.distributed here (the DCP adapter is :mod:`rayguard.train.sharded
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,26 +46,43 @@ def unclaimed(names: Iterable[str], world_size: int) -> list[str]:
 
 
 def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
-                     threads: int | None = None, fsync: bool = True) -> tuple[FileRecord, ...]:
-    """Hash the DCP files ``rank`` wrote under ``checkpoint_dir/dcp`` (after ``dcp.save``
-    returned on this rank); the records go into the manifest like a shard's.
+                     threads: int | None = None, fsync: bool = True,
+                     digests: Mapping[str, tuple[int, str, tuple[str, ...]]] | None = None,
+                     ) -> tuple[FileRecord, ...]:
+    """The records of the DCP files ``rank`` wrote under ``checkpoint_dir/dcp`` (after
+    ``dcp.save`` returned on this rank); they go into the manifest like a shard's.
 
-    ``fsync``: also make them durable (and the directory), in a thread beside the hashing,
-    so the disk's write-back overlaps the sha256 instead of preceding it (the adapter runs
-    DCP with ``sync_files=False`` for that reason)."""
+    ``digests``: name -> (size, sha256, chunk digests) of the files hashed while they were
+    written (:class:`~rayguard.checkpoint.dcp_writer.HashingWriter`); a file among them whose
+    size on disk is the one written is recorded from them, any other (``.metadata``, or
+    every file without ``digests``) is read and hashed here.
+    ``fsync``: also make them durable (and the directory), in a thread beside the hashing
+    (the adapter runs DCP with ``sync_files=False`` for that reason)."""
     directory = Path(checkpoint_dir) / DCP_DIR
     names = files_of_rank(os.listdir(directory), rank)
     paths = [directory / n for n in names]
+    try:
+        sizes = [p.stat().st_size for p in paths]
+    except OSError as exc:
+        raise CheckpointError(f"rank {rank}: could not stat a DCP file after the save ({exc})") from exc
+    known = dict(digests or {})
+    streamed = {n: known[n] for n, size in zip(names, sizes, strict=True)
+                if n in known and known[n][0] == size}
+    to_hash = [p for n, p in zip(names, paths, strict=True) if n not in streamed]
     with ThreadPoolExecutor(1, thread_name_prefix="rg-dcp-fsync") as pool:
         synced = pool.submit(_fsync_all, [*paths, directory]) if fsync else None
-        results = hash_files(paths, threads=threads) if paths else []
+        hashed = dict(zip(to_hash, hash_files(to_hash, threads=threads), strict=True)) if to_hash else {}
         if synced is not None:
             synced.result()
     records = []
-    for name, path, result in zip(names, paths, results, strict=True):
+    for name, path, size in zip(names, paths, sizes, strict=True):
+        if name in streamed:
+            records.append(FileRecord(f"{DCP_DIR}/{name}", rank, size, *streamed[name][1:]))
+            continue
+        result = hashed[path]
         if isinstance(result, BaseException):
             raise CheckpointError(f"rank {rank}: could not hash {path} after the DCP save ({result})")
-        records.append(FileRecord(f"{DCP_DIR}/{name}", rank, path.stat().st_size, result[0],
+        records.append(FileRecord(f"{DCP_DIR}/{name}", rank, size, result[0],
                                   result[1]))
     return tuple(records)
 

@@ -97,12 +97,16 @@ def describe_meshes(state_dict: Any) -> list[dict[str, Any]]:
     return seen
 
 
-def save(checkpoint_dir: str, sharded: dict[str, Any]) -> list[dict[str, Any]]:
+def save(checkpoint_dir: str, sharded: dict[str, Any],
+         digests: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Write ``sharded`` with DCP into ``checkpoint_dir/dcp`` (collective); returns the
-    meshes it found. Not yet durable: :func:`write_rank` fsyncs while it hashes."""
+    meshes it found. Every data file is hashed as it is written: ``digests``, when given,
+    receives name -> (size, sha256, chunk digests). Not yet durable: :func:`write_rank`
+    fsyncs."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
+    from rayguard.checkpoint.dcp_writer import HashingWriter
     from rayguard.checkpoint.fsio import check_real_dir
 
     state_dict = state_dict_for(sharded)
@@ -111,11 +115,14 @@ def save(checkpoint_dir: str, sharded: dict[str, Any]) -> list[dict[str, Any]]:
     check_real_dir(checkpoint_dir, "staging directory")
     check_real_dir(path, "DCP directory")  # DCP would write through a planted link
     try:
-        # the files are fsynced by record_dcp_files, overlapped with their hashing
-        dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(path, sync_files=False))
+        # the files are fsynced by record_dcp_files, together, after DCP wrote them all
+        writer = HashingWriter(path, sync_files=False)
+        dcp.save(state_dict, storage_writer=writer)
     except CheckpointException as exc:  # a BaseException: make it one the protocol handles
         raise CheckpointError(f"torch.distributed.checkpoint could not save {sorted(sharded)}: "
                               f"{exc}") from exc
+    if digests is not None:
+        digests.update(writer.digests)
     return describe_meshes(state_dict)
 
 
@@ -165,14 +172,16 @@ def write_rank(staging: str, rank: int, sharded: dict[str, Any],
                payload: Any) -> tuple[ShardRecord, list[dict[str, Any]]]:
     """One rank's part of a sharded save into ``staging`` (every rank together): DCP
     (collective), this rank's plain shard, and the record of both with every DCP file this
-    rank wrote hashed. Returns the record and the meshes found."""
+    rank wrote hashed (as DCP wrote it). Returns the record and the meshes found."""
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.sharded import record_dcp_files
     from rayguard.checkpoint.writer import write_shard
 
-    meshes = save(staging, sharded)
+    digests: dict[str, Any] = {}
+    meshes = save(staging, sharded, digests)
     plain = write_shard(staging, rank, payload)
-    return ck.ShardRecord(rank, plain.files + record_dcp_files(staging, rank)), meshes
+    records = record_dcp_files(staging, rank, digests=digests)
+    return ck.ShardRecord(rank, plain.files + records), meshes
 
 
 def commit_sharded(final: str, records: list[ShardRecord], *, world_size: int, step: int,

@@ -10,6 +10,7 @@ optimizer-like dict), it times, interleaved per repetition:
   rayguard.save    rayguard.checkpoint.save (hash while writing, fsync, manifest, rename)
   torch.load       torch.load(path, weights_only=True)            (page cache warm)
   rayguard.load    rayguard.checkpoint.load (verify every byte)  (page cache warm)
+(the saves in an order rotated per repetition, so none always follows another's write-back),
 and prints medians and the ratios against the targets (save <= 1.10x torch.save+fsync,
 load+verify <= 1.15x torch.load). Never fails on a time: it is a measurement.
 
@@ -31,7 +32,14 @@ AdamW-like moments, --size-mib in all); interleaved per repetition:
                         load_state(sharded=...) does), then DCP loads it; plain shards read
                                                                              (page cache warm)
   rayguard.verify only  the hashing share alone (what load+verify adds to dcp.load)
-and prints rank 0's medians and the ratios (target <= 1.15x DCP for both).
+and prints rank 0's medians and the ratios (targets: save <= 1.15x dcp.save, load+verify
+<= 1.2x dcp.load).
+
+The three targets in one run:  .venv/bin/python tests/benchmarks/bench_checkpoint.py --targets
+runs the plain save/load and the sharded case one after the other and prints, for each
+target, the baseline, rayguard and the ratio. --threads N sets the hashing threads per
+process (default one per core, at most 16); --cores N pins the run to the first N cores
+(e.g. --cores 2 for the 2-core figures on a larger machine).
 """
 
 from __future__ import annotations
@@ -120,8 +128,10 @@ def run_rep(d: Path, rep: int, state: dict, raw_src: memoryview, times: dict[str
     }
     if dcp:
         ops["dcp.save"] = lambda: dcp_save(d / "dcp", state)
-    for name, fn in ops.items():
-        times.setdefault(name, []).append(timed(fn))
+    names = list(ops)
+    names = names[rep % len(names):] + names[: rep % len(names)]  # rotate: no fixed order
+    for name in names:
+        times.setdefault(name, []).append(timed(ops[name]))
     (d / "raw.bin").unlink()
     shutil.rmtree(d / "dcp", ignore_errors=True)
     loads: dict[str, Callable[[], object]] = {
@@ -147,14 +157,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the blocked-time and steps/s part (async vs sync)")
     parser.add_argument("--sharded", action="store_true",
                         help="the sharded case: DTensor state over 2 processes (default 512 MiB)")
+    parser.add_argument("--targets", action="store_true",
+                        help="plain and sharded in one run; print the three targets together")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="hashing threads per process (default: one per core, at most 16)")
+    parser.add_argument("--cores", type=int, default=None,
+                        help="pin the run (and its worker processes) to the first N cores")
     args = parser.parse_args(argv)
-    if args.sharded:
-        from bench_checkpoint_sharded import run_sharded
+    if args.cores:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cores])
+    if args.threads:
+        from rayguard.checkpoint import hashing
 
-        return run_sharded(size_mib=512 if args.size_mib == 1024 and not args.quick else args.size_mib,
-                           reps=args.reps, directory=args.dir)
+        hashing.MAX_HASH_THREADS = args.threads
     if args.quick:
         args.size_mib, args.reps = 256, 2
+    if args.sharded or args.targets:
+        from bench_checkpoint_sharded import run_sharded
+
+        sharded_mib = 512 if args.size_mib == 1024 and not args.quick else args.size_mib
+    if args.sharded:
+        run_sharded(size_mib=sharded_mib, reps=args.reps, directory=args.dir, threads=args.threads)
+        return 0
     state = make_state(args.size_mib)
     nbytes = state_bytes(state)
     raw_buf = memoryview(state["model"]["fp32_0"].numpy()).cast("B")
@@ -169,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report(times, nbytes)
+    med = report(times, nbytes)
+    if args.targets:
+        smed = run_sharded(size_mib=sharded_mib, reps=args.reps, directory=args.dir,
+                           threads=args.threads)
+        print_targets(med, smed, threads=args.threads)
+        return 0
     if not args.no_async:
         from bench_checkpoint_async import run_async
 
@@ -177,7 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(times: dict[str, list[float]], nbytes: int) -> None:
+def print_targets(plain: dict[str, float], sharded: dict[str, float], threads: int | None) -> None:
+    """The three targets of one run: baseline, rayguard, ratio."""
+    from rayguard.checkpoint.hashing import default_threads
+
+    rows = [("sync plain save", "torch.save+fsync", plain["torch.save+fsync"], plain["rayguard.save"], 1.10),
+            ("sharded save", "dcp.save", sharded["dcp.save"], sharded["rayguard.save"], 1.15),
+            ("sharded load+verify", "dcp.load", sharded["dcp.load"], sharded["rayguard.load+verify"], 1.2)]
+    print(f"\ntargets (cores {len(os.sched_getaffinity(0))}, hashing threads per process "
+          f"{threads or default_threads()}):")
+    print(f"{'target':<22}{'baseline':<18}{'base s':>8}{'ours s':>8}{'ratio':>8}{'target':>8}")
+    for name, base_name, base, ours, target in rows:
+        print(f"{name:<22}{base_name:<18}{base:>8.3f}{ours:>8.3f}{ours / base:>7.2f}x{target:>7.2f}x")
+
+
+def report(times: dict[str, list[float]], nbytes: int) -> dict[str, float]:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"\n{'operation':<28}{'median s':>10}{'GiB/s':>8}")
     for name, t in med.items():
@@ -189,6 +232,7 @@ def report(times: dict[str, list[float]], nbytes: int) -> None:
         print(f"rayguard.save / dcp.save               = {med['rayguard.save'] / med['dcp.save']:.2f}x")
     print(f"rayguard.save / raw write+fsync        = {med['rayguard.save'] / med['raw write+fsync']:.2f}x")
     print(f"rayguard.load+verify / torch.load      = {load_ratio:.2f}x  (target <= 1.15x)")
+    return med
 
 
 if __name__ == "__main__":
