@@ -21,6 +21,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
 @strict_fields
 @dataclass(frozen=True)
 class CheckpointConfig:
@@ -48,7 +52,29 @@ class CheckpointConfig:
     attempt fails with a CheckpointError. Also bounds the wait for it when the function
     raises (then the error is the function's)."""
 
+    interval: bool = True
+    """``rayguard.train.should_checkpoint()`` also turns True when the Young/Daly interval
+    (from the measured checkpoint cost and the run's failure rate) has passed since the last
+    checkpoint; ``False``: it answers preemption notices only. On by default: only loops that
+    call ``should_checkpoint()`` are affected, and for them it is the point."""
+
+    mtbf_s: float | None = None
+    """The prior mean time between failures, in seconds, that the failures seen in this run
+    directory refine (weighted as 1/20 of a failure: a few observed failures outweigh it).
+    ``None``: 24 h, a conservative prior (a long interval, few checkpoints) until the run
+    shows its own failure rate."""
+
+    min_interval_s: float = 60.0
+    """The shortest interval the policy asks for: below a minute the checkpoint traffic of a
+    large model rarely pays off, and a very cheap or mis-measured cost cannot make every
+    step a checkpoint. Also the first interval, before any checkpoint cost was measured."""
+
+    max_interval_s: float = 3600.0
+    """The longest interval the policy asks for: at most an hour of work is lost to one
+    failure even when no failure was seen yet (the 24 h prior alone asks for more)."""
+
     def __post_init__(self) -> None:
+        self._check_interval()
         if self.mode not in ("sync", "async"):
             raise config_error("CheckpointConfig", "mode", self.mode, 'must be "sync" or "async"',
                                'pass mode="async" (snapshot, then persist in the background) '
@@ -64,6 +90,27 @@ class CheckpointConfig:
             raise config_error("CheckpointConfig", "finish_timeout_s", self.finish_timeout_s,
                                "must be a number of seconds > 0",
                                "pass the longest a checkpoint may take to persist, e.g. 1800")
+
+    def _check_interval(self) -> None:
+        if not isinstance(self.interval, bool):
+            raise config_error("CheckpointConfig", "interval", self.interval, "must be a bool",
+                               "pass interval=True (checkpoint at the Young/Daly interval "
+                               "where the loop asks should_checkpoint()) or False")
+        if self.mtbf_s is not None and not (_is_number(self.mtbf_s) and self.mtbf_s > 0):
+            raise config_error("CheckpointConfig", "mtbf_s", self.mtbf_s,
+                               "must be a number of seconds > 0 or None",
+                               "pass the expected time between failures, e.g. mtbf_s=86400, "
+                               "or None to learn it from the run")
+        for name in ("min_interval_s", "max_interval_s"):
+            value = getattr(self, name)
+            if not (_is_number(value) and 0 <= value < float("inf")):
+                raise config_error("CheckpointConfig", name, value,
+                                   "must be a finite number of seconds >= 0",
+                                   f"pass e.g. {name}={60 if name.startswith('min') else 3600}")
+        if self.min_interval_s > self.max_interval_s:
+            raise config_error("CheckpointConfig", "min_interval_s", self.min_interval_s,
+                               f"must be <= max_interval_s={self.max_interval_s!r}",
+                               "lower min_interval_s or raise max_interval_s")
 
 
 @strict_fields

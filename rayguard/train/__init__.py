@@ -54,13 +54,24 @@ def heartbeat() -> None:
 
 
 def should_checkpoint() -> bool:
-    """True when this step should pass ``state=`` to ``report``: a preemption notice (SIGTERM
-    to a worker, or a Ray node drain) reached some rank at an earlier report, and no
-    checkpoint was saved since. The same value on every rank at the same step, so
+    """True when this step should pass ``state=`` to ``report``, the same value on every rank
+    at the same step, so that
 
-    >>> report(metrics, state=state if should_checkpoint() or step % 100 == 0 else None)
+    >>> report(metrics, state=state if should_checkpoint() else None)
 
-    checkpoints just in time. Costs nothing: the notice rides on each report's agreement."""
+    is the whole loop change. It turns True, and stays True until a report saves a
+    checkpoint, when
+
+    - a preemption notice (SIGTERM to a worker, or a Ray node drain) reached some rank at an
+      earlier report: the checkpoint comes just in time;
+    - the checkpoint interval that maximises goodput has passed since the last checkpoint:
+      Daly's ``sqrt(2 C M)`` (higher-order form) from the measured checkpoint cost ``C`` and
+      the run's mean time between failures ``M``, within
+      ``CheckpointConfig(min_interval_s, max_interval_s)`` (``interval=False``: preemption
+      only). In async mode never while the previous checkpoint still persists.
+
+    Costs nothing: rank 0's decision and the notices ride on each report's agreement. See
+    docs/checkpointing.md, "Checkpoint interval by the numbers"."""
     return _session().should_checkpoint()
 
 

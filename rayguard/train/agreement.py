@@ -1,16 +1,17 @@
 """Per-report agreement between ranks: does this step checkpoint, did a preemption notice come?
 
 Every ``rayguard.train.report`` is a step boundary that all ranks reach in the same order.
-Before anything is saved the ranks must agree on three flags (any rank passed ``state=``,
-any rank passed ``sharded=``, any rank received a preemption notice). The agreement is a
-MAX all-reduce of three small integers over a gloo group, the process group the ranks
-already have (the default group when it is gloo; one side group created at set-up when the
-default is NCCL): no actor, no Ray call. Only when a flag is set does the report go on to
-the checkpoint protocol, whose intent gather through the run coordinator is unchanged.
+Before anything is saved the ranks must agree on four flags (any rank passed ``state=``,
+any rank passed ``sharded=``, any rank received a preemption notice, rank 0's interval
+policy says a checkpoint is due). The agreement is a MAX all-reduce of four small integers
+over a gloo group, the process group the ranks already have (the default group when it is
+gloo; one side group created at set-up when the default is NCCL): no actor, no Ray call.
+Only when the state or sharded flag is set does the report go on to the checkpoint
+protocol, whose intent gather through the run coordinator is unchanged.
 
 A misused ``state=``/``sharded=`` (a DTensor in ``state``, a bad ``sharded`` dict) always
 sets the state or sharded flag, so it still reaches the intent gather that raises the same
-error on every rank: no fourth flag is needed for it.
+error on every rank: no flag of its own is needed for it.
 
 Without ``torch.distributed`` (world size 1, or a loop that runs without Ray Train's torch
 backend) the flags go through the coordinator's gather (world size > 1: one round trip, as
@@ -36,6 +37,9 @@ class Flags(NamedTuple):
     notice: bool = False
     """A preemption notice arrived (SIGTERM, or Ray's drain information) and has not yet
     been answered with a checkpoint."""
+    interval: bool = False
+    """Rank 0's checkpoint interval policy says a checkpoint is due
+    (:mod:`rayguard.train.pacing`)."""
 
     def merge(self, other: Flags) -> Flags:
         return Flags(*(a or b for a, b in zip(self, other, strict=True)))

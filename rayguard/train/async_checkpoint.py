@@ -49,6 +49,9 @@ class AsyncCheckpointer:
         """Seconds the loop spent waiting for the previous checkpoint, in total."""
         self.snapshot_s = 0.0
         """Seconds of the last snapshot."""
+        self.persist_s: float | None = None
+        """Seconds the last finished background save took (the interval policy never asks
+        for checkpoints faster than they persist)."""
 
     @property
     def in_flight(self) -> bool:
@@ -90,7 +93,14 @@ class AsyncCheckpointer:
         with self._lock:
             if self._inflight is not None:
                 raise RuntimeError("a checkpoint is still in flight: wait() first")
-            self._inflight = self._pool.submit(persist)
+            self._inflight = self._pool.submit(self._timed, persist)
+
+    def _timed(self, persist: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return persist()
+        finally:
+            self.persist_s = time.perf_counter() - started
 
     def drain(self, timeout_s: float | None = None) -> Any:
         """Wait for the checkpoint in flight (the training function returned or raised),

@@ -55,6 +55,10 @@ class Checkpointer:
         self._async_saves = 0
         self._committed: str | None = None
         """A checkpoint committed in the background, not yet handed to ``ray.train.report``."""
+        self.last_cost_s = 0.0
+        """Seconds the last :meth:`save` blocked the loop, without the wait for the previous
+        checkpoint (async back-pressure): the cost the interval policy weighs."""
+        self._waited_s = 0.0
 
     # -- report(state=...) ----------------------------------------------------------------
     def collect(self) -> None:
@@ -67,15 +71,33 @@ class Checkpointer:
         """Every rank agreed this report may checkpoint: save (``urgent``: a preemption
         notice, committed before this returns). Returns the directory committed in the loop
         (rank 0), else ``None``."""
+        started, self._waited_s = time.perf_counter(), 0.0
+        try:
+            return self._save(state, step, sharded, report_count=report_count, urgent=urgent)
+        finally:
+            self.last_cost_s = max(0.0, time.perf_counter() - started - self._waited_s)
+
+    def _save(self, state: Any, step: int, sharded: Any, *, report_count: int,
+              urgent: bool) -> str | None:
         attempt = self.link.ctx.attempt
         if self.async_checkpoints is not None and not urgent:
             self._save_async(state, step, sharded, report_count)
             return None
         if self.async_checkpoints is not None:
-            self._collect(self.async_checkpoints.wait)
+            self._waited_s = self._collect(self.async_checkpoints.wait)
         committed = maybe_checkpoint(self.collective, self.store, state, step, sharded,
                                      report_count=report_count, attempt=attempt, tier=self.tier)
         return None if committed is None else committed.path
+
+    @property
+    def in_flight(self) -> bool:
+        """An async checkpoint still persists."""
+        return self.async_checkpoints is not None and self.async_checkpoints.in_flight
+
+    @property
+    def persist_s(self) -> float | None:
+        """Seconds the last background save took (``None``: sync mode, or none finished)."""
+        return None if self.async_checkpoints is None else self.async_checkpoints.persist_s
 
     def take_committed(self) -> str | None:
         """The checkpoint committed in the background since the last report (once)."""
@@ -100,7 +122,7 @@ class Checkpointer:
         plan = agree_intent(self.collective, state, step, sharded, report_count)
         if plan is None:
             return
-        waited = self._collect(checkpointer.wait)
+        waited = self._waited_s = self._collect(checkpointer.wait)
         if plan.sharded:  # DCP's save is a collective on the loop's process group: in the loop
             committed = save_planned(self.collective, self.store, plan, snapshot_payload(state),
                                      attempt=attempt, sharded=sharded, tier=self.tier)

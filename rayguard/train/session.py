@@ -23,6 +23,7 @@ from rayguard.run.link import RunLink
 from rayguard.train.agreement import Agreement, Flags, needs_protocol
 from rayguard.train.checkpointer import Checkpointer
 from rayguard.train.forwarding import ReportForwarding
+from rayguard.train.pacing import CheckpointPacing
 from rayguard.train.preemption import PreemptionWatch
 from rayguard.train.steps import plain, resolve_step
 
@@ -33,7 +34,8 @@ class WorkerSession:
 
     def __init__(self, link: RunLink, guard: GuardConfig, *, watchdog: Watchdog,
                  checkpointer: Checkpointer, agreement: Agreement, preemption: PreemptionWatch,
-                 forwarding: ReportForwarding, faults: tuple[Fault, ...] = ()) -> None:
+                 forwarding: ReportForwarding, faults: tuple[Fault, ...] = (),
+                 pacing: CheckpointPacing | None = None) -> None:
         self.link = link
         self.ctx = link.ctx
         self.guard = guard
@@ -41,6 +43,8 @@ class WorkerSession:
         self.checkpointer = checkpointer
         self.agreement = agreement
         self.preemption = preemption
+        self.pacing = pacing or CheckpointPacing()
+        """The checkpoint interval: rank 0 decides, the agreement tells every rank."""
         self.forwarding = forwarding
         self.forwarder = forwarding.forwarder
         self.injector = FaultInjector(faults, rank=link.ctx.rank, attempt=link.ctx.attempt,
@@ -66,7 +70,7 @@ class WorkerSession:
         self.watchdog.heartbeat()
 
     def should_checkpoint(self) -> bool:
-        return self.preemption.should_checkpoint()
+        return self.preemption.should_checkpoint() or self.pacing.should_checkpoint()
 
     def observe(self, metrics: dict[str, Any], *, step: int | None = None,
                 state: Any = None) -> tuple[dict[str, Any], int]:
@@ -96,8 +100,9 @@ class WorkerSession:
         self.checkpointer.collect()  # a background failure raises here
         if state is not None:
             check_checkpointable(state, self.ctx.rank)
-        flags = self.agreement.agree(Flags(state is not None, sharded is not None,
-                                           self.preemption.local_flag(step)))
+        flags = self.agreement.agree(Flags(
+            state is not None, sharded is not None, self.preemption.local_flag(step),
+            self.pacing.local_flag(in_flight=self.checkpointer.in_flight)))
         checkpoint = None
         if needs_protocol(flags, first=self.report_count == 1, world_size=self.ctx.world_size):
             checkpoint = self.checkpointer.save(state, step, sharded,
@@ -106,8 +111,10 @@ class WorkerSession:
         if checkpoint is None:
             checkpoint = self.checkpointer.take_committed()
         self.forwarding.forward(metrics, checkpoint)
-        self.preemption.after_report(flags, saved=flags.state or flags.sharded, step=step,
-                                     checkpoint=checkpoint)
+        saved = flags.state or flags.sharded
+        self.pacing.after_report(flags, saved=saved, cost_s=self.checkpointer.last_cost_s,
+                                 persist_s=self.checkpointer.persist_s)
+        self.preemption.after_report(flags, saved=saved, step=step, checkpoint=checkpoint)
         self.observed(metrics, step, time.perf_counter() - started)
 
     def load_state(self, sharded: Any = None) -> Any:

@@ -31,6 +31,7 @@ from rayguard.train.elastic_setup import apply_elastic, previous_assignment
 from rayguard.train.forwarder import Forwarder
 from rayguard.train.forwarding import ReportForwarding, ray_own_report
 from rayguard.train.memory_tier import MemoryTier
+from rayguard.train.pacing import pacing_for
 from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
 from rayguard.train.seeding import rank_seed, seed_everything
 from rayguard.train.session import WorkerSession, current_session, set_current_session
@@ -177,7 +178,7 @@ def assemble(link: RunLink, guard: GuardConfig, *, watchdog: Watchdog, store: Ch
     checkpointer = Checkpointer(link, store, guard.checkpoint, tier)
     return WorkerSession(link, guard, watchdog=watchdog, checkpointer=checkpointer,
                          agreement=agreement, preemption=preemption, forwarding=forwarding,
-                         faults=faults)
+                         faults=faults, pacing=pacing_for(guard.checkpoint, link.ctx, store.fs))
 
 
 def build_session(ctx: GuardContext, guard: GuardConfig, actor: Any = None,

@@ -55,3 +55,45 @@ def test_sigterm_checkpoints_just_in_time_and_the_restart_resumes_from_it(ray_lo
     print("seconds from the just-in-time checkpoint to the restart:",
           next(e["time"] for e in after if e["kind"] == "restart") - saved[0]["time"],
           [(e["kind"], e.get("rank"), round(e["time"] - saved[0]["time"], 2)) for e in after[:8]])
+
+
+def paced_loop(config):
+    """The whole loop change: ``state=state if should_checkpoint() else None``."""
+    import json
+
+    ctx = rayguard.train.get_context()
+    asked = []
+    for step in range(config["steps"]):
+        time.sleep(config["step_s"])
+        save = rayguard.train.should_checkpoint()
+        if save:
+            asked.append(step)
+        rayguard.train.report({"loss": 1.0, "step": step},
+                              state={"step": step, "w": torch.ones(4) * ctx.rank} if save else None)
+    with open(os.path.join(config["out"], f"asked_{ctx.rank}.json"), "w") as f:
+        json.dump(asked, f)
+
+
+def test_should_checkpoint_paces_checkpoints_at_the_interval_on_every_rank(ray_local, tmp_path):
+    import json
+
+    interval_s = 1.0
+    result = rayguard.RobustTrainer(
+        paced_loop, train_loop_config={"steps": 60, "step_s": 0.1, "out": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), name="paced"),
+        guard_config=rayguard.GuardConfig(numa="off", checkpoint=rayguard.CheckpointConfig(
+            min_interval_s=interval_s, max_interval_s=interval_s))).fit()
+    asked = [json.loads((tmp_path / f"asked_{r}.json").read_text()) for r in range(2)]
+    assert asked[0] == asked[1]  # the same steps on every rank
+    assert len(asked[0]) >= 2
+    commits = [e for e in read_events(result.path) if e["kind"] == "checkpoint_committed"]
+    assert [e["step"] for e in commits] == asked[0]  # each one the policy asked for, committed
+    times = [e["time"] for e in commits]
+    gaps = [b - a for a, b in zip(times[:-1], times[1:], strict=True)]
+    assert min(gaps) >= interval_s / 2  # never faster than the interval (event-time jitter aside)
+    from rayguard.train.interval_advice import recommend_interval
+
+    rec = recommend_interval(read_events(result.path))
+    print("paced checkpoints at steps", asked[0], "gaps", [round(g, 2) for g in gaps],
+          "|", rec.line())

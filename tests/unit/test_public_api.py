@@ -180,6 +180,15 @@ def test_health_config_defaults_and_adaptive_timeout():
     ({"finish_timeout_s": 0}, "CheckpointConfig(finish_timeout_s=0)"),
     ({"finish_timeout_s": "1h"}, "CheckpointConfig(finish_timeout_s='1h')"),
     ({"finish_timeout_s": True}, "CheckpointConfig(finish_timeout_s=True)"),
+    ({"interval": "yes"}, "CheckpointConfig(interval='yes')"),
+    ({"mtbf_s": 0}, "CheckpointConfig(mtbf_s=0)"),
+    ({"mtbf_s": "1d"}, "CheckpointConfig(mtbf_s='1d')"),
+    ({"mtbf_s": True}, "CheckpointConfig(mtbf_s=True)"),
+    ({"min_interval_s": -1}, "CheckpointConfig(min_interval_s=-1): must be a finite number of seconds >= 0"),
+    ({"max_interval_s": float("inf")}, "CheckpointConfig(max_interval_s=inf)"),
+    ({"max_interval_s": None}, "CheckpointConfig(max_interval_s=None)"),
+    ({"min_interval_s": 600, "max_interval_s": 60},
+     "CheckpointConfig(min_interval_s=600): must be <= max_interval_s=60"),
 ])
 def test_checkpoint_config_errors(kwargs, needle):
     with pytest.raises(ConfigError) as err:

@@ -62,8 +62,10 @@ def _rank(rank: int, init_file: str, late_s: float, out) -> None:
         time.sleep(late_s)
     first = agreement.agree(Flags(notice=rank == 1))
     second = agreement.agree(Flags())
+    third = agreement.agree(Flags(interval=rank == 0))  # rank 0's interval policy: due
     agreement.barrier()
-    out.put((rank, tuple(first), tuple(second), len(beats), type(agreement).__name__))
+    out.put((rank, tuple(first), tuple(second), len(beats), type(agreement).__name__,
+             tuple(third)))
     dist.destroy_process_group()
 
 
@@ -78,8 +80,10 @@ def test_a_gloo_all_reduce_agrees_and_waiting_for_a_late_rank_is_a_heartbeat():
         results = sorted(out.get(timeout=120) for _ in procs)
         for p in procs:
             p.join(timeout=60)
-    for rank, first, second, _beats, kind in results:
+    for rank, first, second, _beats, kind, third in results:
         assert kind == "CollectiveAgreement"
-        assert first == (False, False, True), rank  # rank 1's notice reached rank 0
-        assert second == (False, False, False)
+        # four flags: state, sharded, notice, interval
+        assert first == (False, False, True, False), rank  # rank 1's notice reached rank 0
+        assert second == (False, False, False, False)
+        assert third == (False, False, False, True), rank  # rank 0's interval reached rank 1
     assert results[0][3] >= 1  # rank 0 waited > 1 s for rank 1 and heartbeat meanwhile

@@ -1,0 +1,151 @@
+"""A run's failure history and the interval it should have checkpointed at, from its event log.
+
+Two readers of ``rayguard_events.jsonl`` (the events as :func:`rayguard.events.read` returns
+them):
+
+- :func:`failure_history`: seconds run and failures (``restart`` events) in a run
+  directory, earlier runs included; rank 0 of each attempt starts its interval policy
+  from it (:mod:`rayguard.train.pacing`);
+- :func:`recommend_interval`: for a loop that checkpoints on its own schedule (a
+  framework's ``save_steps``), the interval that would have maximised goodput, from the
+  mean measured checkpoint cost and the failures over wall time, next to the interval the
+  loop used, with the figures (:class:`Recommendation`).
+
+A run is the span from a ``start`` event to the last event before the next ``start`` (the
+time between runs in the same directory is not run time). Pure: no Ray, no files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from rayguard.train.interval import (
+    DEFAULT_MTBF_S,
+    IntervalBounds,
+    bounded_interval,
+    daly_interval,
+    estimate_mtbf,
+)
+
+FAILURE_KINDS = frozenset({"restart"})
+"""One event per failure survived (``worker_died`` comes once per rank)."""
+
+
+@dataclass(frozen=True)
+class FailureHistory:
+    observed_s: float
+    """Seconds the runs of this directory ran (up to ``now`` for the last one)."""
+    failures: int
+    runs: int
+
+
+def _time(event: dict[str, Any]) -> float | None:
+    value = event.get("time")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _runs(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The events split at each ``start`` (events before the first start: one run)."""
+    runs: list[list[dict[str, Any]]] = []
+    for event in events:
+        if _time(event) is None:
+            continue
+        if event.get("kind") == "start" or not runs:
+            runs.append([])
+        runs[-1].append(event)
+    return runs
+
+
+def failure_history(events: Iterable[dict[str, Any]], now: float | None = None) -> FailureHistory:
+    """Seconds run and failures seen in a run directory's log (``now``: wall-clock time, the
+    end of the last run while it still runs)."""
+    runs = _runs(events)
+    observed, failures = 0.0, 0
+    for i, run in enumerate(runs):
+        times = [t for t in map(_time, run) if t is not None]
+        end = max(times)
+        if now is not None and i == len(runs) - 1:
+            end = max(end, now)
+        observed += end - min(times)
+        failures += sum(1 for e in run if e.get("kind") in FAILURE_KINDS)
+    return FailureHistory(observed, failures, len(runs))
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The checkpoint interval that would have maximised goodput, and what it came from."""
+
+    interval_s: float | None
+    """Daly's interval for ``cost_s`` and ``mtbf_s``, bounded (``None``: no checkpoint cost
+    was measured)."""
+    cost_s: float | None
+    """Mean blocked seconds of a committed checkpoint."""
+    mtbf_s: float
+    observed_s: float
+    failures: int
+    checkpoints: int
+    used_interval_s: float | None
+    """Mean seconds between the run's checkpoints (``None``: fewer than two)."""
+    unbounded_s: float | None
+    """Daly's interval without the configured bounds."""
+
+    def line(self) -> str:
+        """One line for a report or the driver's last line."""
+        if self.interval_s is None or self.cost_s is None:
+            return "checkpoint interval: no checkpoint cost measured"
+        used = ("" if self.used_interval_s is None
+                else f"; this run checkpointed every {self.used_interval_s:.0f} s")
+        return (f"checkpoint interval: {self.interval_s:.0f} s maximises goodput (Daly: cost "
+                f"{self.cost_s:.2f} s, MTBF {self.mtbf_s:.0f} s from {self.failures} "
+                f"failure(s) in {self.observed_s:.0f} s){used}")
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else None
+
+
+def _cost(event: dict[str, Any]) -> float | None:
+    """The blocked seconds of a committed checkpoint (async: ``blocked_s`` without the wait
+    for the previous one, ``backpressure_s``; sync: the whole save, ``seconds``); ``None``
+    for one reported through ``ray.train.report`` (not measured)."""
+    blocked = _number(event.get("blocked_s"))
+    if blocked is not None:
+        return max(0.0, blocked - (_number(event.get("backpressure_s")) or 0.0))
+    return _number(event.get("seconds"))
+
+
+def recommend_interval(events: Iterable[dict[str, Any]], *, mtbf_s: float | None = None,
+                       min_interval_s: float = 60.0,
+                       max_interval_s: float = 3600.0) -> Recommendation:
+    """The interval that would have maximised this log's goodput (``mtbf_s``: the prior, as
+    ``CheckpointConfig(mtbf_s)``; the bounds as ``CheckpointConfig``'s)."""
+    events = [e for e in events if isinstance(e, dict)]
+    history = failure_history(events)
+    commits = [e for e in events if e.get("kind") == "checkpoint_committed"]
+    costs = [c for c in map(_cost, commits) if c is not None]
+    cost = sum(costs) / len(costs) if costs else None
+    mtbf = estimate_mtbf(history.observed_s, history.failures,
+                         prior_s=DEFAULT_MTBF_S if mtbf_s is None else mtbf_s)
+    bounds = IntervalBounds(min_interval_s, max_interval_s)
+    used = _used_interval(events)
+    return Recommendation(None if cost is None else bounded_interval(cost, mtbf, bounds), cost,
+                          mtbf, history.observed_s, history.failures, len(commits), used,
+                          None if cost is None else daly_interval(cost, mtbf))
+
+
+def _used_interval(events: list[dict[str, Any]]) -> float | None:
+    """The mean gap between consecutive commits of the same attempt of the same run (the
+    gap over a restart is not the loop's interval)."""
+    gaps: list[float] = []
+    for run in _runs(events):
+        by_attempt: dict[Any, list[float]] = {}
+        for event in run:
+            if event.get("kind") == "checkpoint_committed":
+                by_attempt.setdefault(event.get("attempt"), []).append(float(event["time"]))
+        for times in by_attempt.values():
+            times.sort()
+            gaps.extend(b - a for a, b in zip(times[:-1], times[1:], strict=True))
+    return sum(gaps) / len(gaps) if gaps else None
