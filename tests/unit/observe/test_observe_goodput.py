@@ -238,3 +238,36 @@ def test_a_log_cut_after_a_failure_counts_a_restart_under_way():
     assert g.restart_s["detection"] == pytest.approx(2)
     assert g.restart_s["teardown"] == pytest.approx(1)
     assert g.badput_s["other"] == 0
+
+
+def _write_log(run_dir, events) -> None:
+    from rayguard.events import events_path
+
+    events_path(run_dir).write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_cli_events_goodput_table_and_json(tmp_path, capsys):
+    from rayguard.cli import main
+
+    _write_log(tmp_path, kill_with_restore())
+    assert main(["events", str(tmp_path), "--goodput"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("goodput 0.68 (61.0 s productive of 90.0 s, 1 restart, 26 steps")
+    for word in CAUSES + RESTART_PHASES + ("productive", "wall", "attempt"):
+        assert word in out
+    assert main(["events", str(tmp_path), "--goodput", "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert data["ratio"] == pytest.approx(61 / 90)
+    assert data["restart_s"]["teardown"] == pytest.approx(3)
+    assert main(["events", str(tmp_path / "nothing-here"), "--goodput"]) == 2
+
+
+def test_cli_events_goodput_of_an_old_log_says_what_is_not_measured(tmp_path, capsys):
+    from rayguard.cli import main
+
+    _write_log(tmp_path, [ev(0, "start"), ev(1, "attempt_started", 0), ev(9, "finished")])
+    assert main(["events", str(tmp_path), "--goodput"]) == 0
+    out = capsys.readouterr().out
+    assert "not measured:" in out and "first step" in out
