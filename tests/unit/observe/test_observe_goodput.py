@@ -271,3 +271,24 @@ def test_cli_events_goodput_of_an_old_log_says_what_is_not_measured(tmp_path, ca
     assert main(["events", str(tmp_path), "--goodput"]) == 0
     out = capsys.readouterr().out
     assert "not measured:" in out and "first step" in out
+
+
+def test_report_leads_with_goodput_and_a_badput_bar(tmp_path):
+    pytest.importorskip("plotly")
+    from rayguard.cli import main
+    from rayguard.observe.report import embedded_data
+    from rayguard.observe.report_goodput import BAR_ID
+
+    _write_log(tmp_path, kill_with_restore())
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert page.index("<h2>Goodput</h2>") < page.index("<h2>Summary</h2>")
+    assert f'id="{BAR_ID}"' in page and "goodput 0.68" in page
+    for cause in ("productive", "restart", "replay", "checkpoint", "startup"):
+        assert f"seg-{cause}" in page
+    assert "seg-stall" not in page  # nothing of it: no segment
+    data = embedded_data(page)
+    assert data["goodput"]["ratio"] == pytest.approx(61 / 90)
+    assert len(data["restarts"]) == 1  # the report's other sections are all there
+    assert "<h2>Timeline</h2>" in page and "<h2>Restarts</h2>" in page
