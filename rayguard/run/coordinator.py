@@ -38,8 +38,8 @@ class RunCoordinator:
         self._commits: dict[int, int] = {}
         self._progress: dict[str, Any] = {}
         self._commit_steps: list[int] = []
-        self._group_started: dict[int, float] = {}  # attempt -> when its group was asked for
         """Steps of the checkpoints this fit() committed, in commit order."""
+        self._group_started: dict[int, float] = {}  # attempt -> when its group was asked for
         self._notable: list[dict[str, Any]] = []
         self._closed = False
         self._cond = threading.Condition()

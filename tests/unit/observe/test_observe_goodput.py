@@ -292,3 +292,16 @@ def test_report_leads_with_goodput_and_a_badput_bar(tmp_path):
     assert data["goodput"]["ratio"] == pytest.approx(61 / 90)
     assert len(data["restarts"]) == 1  # the report's other sections are all there
     assert "<h2>Timeline</h2>" in page and "<h2>Restarts</h2>" in page
+
+
+def test_the_coordinator_stamps_when_an_attempts_group_was_started(tmp_path):
+    from rayguard.run.coordinator import RunCoordinator
+
+    coordinator = RunCoordinator(str(tmp_path / "events.jsonl"))
+    coordinator.new_attempt()
+    event = make_event("attempt_started", "attempt 0 started", rank=0, attempt=0,
+                       setup_start_time=123.0)
+    coordinator.record(event)
+    written = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
+    assert written["setup_start_time"] == 123.0
+    assert written["group_start_time"] <= written["time"]
