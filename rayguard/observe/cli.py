@@ -42,7 +42,7 @@ def add_events_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
     parser.add_argument("--goodput", action="store_true",
                         help="the run's goodput and badput by cause instead of the events "
-                        "(with --json: one object)")
+                        "(a sweep: per trial; with --json: one object)")
     parser.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
 
 
@@ -78,13 +78,15 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def _print_goodput(source: Any, *, as_json: bool) -> int:
     from rayguard.observe.goodput import goodput
+    from rayguard.observe.goodput_sweep import format_sweep_goodput, sweep_goodput
     from rayguard.observe.goodput_table import format_goodput
 
-    if source.kind == "sweep":
-        print("rayguard events: --goodput reads a run's log, not a sweep's (pass a trial's "
-              "run directory)", file=sys.stderr)
-        return 2
     try:
+        if source.kind == "sweep":
+            trials = sweep_goodput(iter_events(source))
+            print(json.dumps({"trials": {t: g.to_dict() for t, g in trials.items()}})
+                  if as_json else format_sweep_goodput(trials))
+            return 0
         g = goodput(iter_events(source))
     except OSError as exc:
         print(f"rayguard events: cannot read {inert(source.path)}: {inert(exc)}", file=sys.stderr)

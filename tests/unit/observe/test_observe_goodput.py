@@ -305,3 +305,41 @@ def test_the_coordinator_stamps_when_an_attempts_group_was_started(tmp_path):
     written = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
     assert written["setup_start_time"] == 123.0
     assert written["group_start_time"] <= written["time"]
+
+
+def _trial_ev(t: float, kind: str, trial: str, **fields: Any) -> dict[str, Any]:
+    return {"time": T0 + t, "kind": kind, "trial_id": trial, "rank": None, "node": None,
+            "step": None, "attempt": None, "detail": kind, **fields}
+
+
+def test_sweep_goodput_per_trial(tmp_path, capsys):
+    from rayguard.cli import main
+    from rayguard.events import sweep_events_path
+    from rayguard.observe.goodput_sweep import sweep_goodput
+
+    events = [{"time": T0, "kind": "sweep_started", "trial_id": None, "detail": ""},
+              _trial_ev(1, "trial_started", "a"),
+              _trial_ev(30, "unhealthy", "a", verdict={"check": "stall", "value": 10.0}),
+              _trial_ev(31, "restart", "a"), _trial_ev(35, "trial_started", "a"),
+              _trial_ev(61, "trial_completed", "a"),
+              _trial_ev(2, "trial_started", "b"),
+              _trial_ev(20, "unhealthy", "b", verdict={"check": "divergence", "value": 9.0}),
+              _trial_ev(20.5, "restart", "b"), _trial_ev(22.5, "trial_started", "b"),
+              _trial_ev(42, "trial_completed", "b")]
+    trials = sweep_goodput(events)
+    a, b = trials["a"], trials["b"]
+    for g in (a, b):
+        assert g.productive_s + sum(g.badput_s.values()) == pytest.approx(g.wall_s)
+        assert g.restarts == 1 and g.not_measured
+    assert a.wall_s == 60 and a.badput_s["stall"] == 10 and a.badput_s["restart"] == 5
+    assert a.restart_s["detection"] == 1 and a.restart_s["worker_start"] == 4
+    assert a.ratio == pytest.approx(45 / 60)
+    assert b.badput_s["stall"] == 0 and b.badput_s["restart"] == pytest.approx(2.5)
+    with open(sweep_events_path(tmp_path), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in events)
+    assert main(["events", str(tmp_path), "--goodput"]) == 0
+    out = capsys.readouterr().out
+    assert "0.75" in out and "not measured" in out
+    assert main(["events", str(tmp_path), "--goodput", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["trials"]) == {"a", "b"}
