@@ -247,7 +247,9 @@ def test_goodput_of_a_run_with_a_kill_a_hang_and_a_nan(run):
     assert g.replayed_steps >= 1 and g.badput_s["replay"] > 0
     assert g.badput_s["stall"] >= 20.0  # the hang: its watchdog timeout
     assert g.badput_s["checkpoint"] > 0  # every commit here is synchronous: blocked_s
-    assert g.not_measured == (), g.not_measured
+    # an attempt killed within its first step summary has no step time measured: only that
+    # may be missing, every other phase is recorded
+    assert all("replayed steps' time" in n for n in g.not_measured), g.not_measured
     # the driver's figures (RobustTrainer.last_goodput, its last line) are the log's
     assert run["goodput"] is not None and run["goodput"].ratio == pytest.approx(g.ratio)
     cmd = [sys.executable, "-m", "rayguard", "events", run["path"], "--goodput", "--json"]
