@@ -272,13 +272,7 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
             _t(nxt.events[0]) if nxt is not None else t_end)
         if a.outcome == "running" and nxt is None and run_end is not None:
             a.outcome = run_end
-        ready = a.first
-        if ready is None and has_steps:
-            ready = end  # step summaries are on, and this attempt sent none: it never stepped
-        elif ready is None:
-            notes.append(f"attempt {a.number}: its first step (no step summaries): taken at "
-                         "the restore, else at attempt_started")
-            ready = _first(a.events, "restored") or a.started
+        ready = _ready(a, end, has_steps, notes)
         if prev is None:
             badput["startup"] += clock.take(ready)
             phases = dict.fromkeys(RESTART_PHASES, 0.0)
@@ -291,10 +285,8 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
         rows.append(AttemptGoodput(a.number, start_s, clock.now - t0, good, badput, phases,
                                    a.outcome, a.restored_step, a.first_step, a.last_step,
                                    again, a.step_time_s))
-        for k, v in badput.items():
-            total[k] += v
-        for k, v in phases.items():
-            phases_total[k] += v
+        _add(total, badput)
+        _add(phases_total, phases)
         reached = _reached(a)
         if reached is not None:
             prev_max = reached if prev_max is None else max(prev_max, reached)
@@ -311,6 +303,22 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
     wall = t_end - t0
     return Goodput(wall, productive, productive / wall if wall > 0 else None, total, phases_total,
                    tuple(rows), tuple(dict.fromkeys(notes)), replayed, max(len(attempts) - 1, 0))
+
+
+def _ready(a: _Attempt, end: float | None, has_steps: bool, notes: list[str]) -> float | None:
+    """When attempt ``a`` made its first step (the end of its start-up or restart)."""
+    if a.first is not None:
+        return a.first
+    if has_steps:
+        return end  # step summaries are on, and this attempt sent none: it never stepped
+    notes.append(f"attempt {a.number}: its first step (no step summaries): taken at the "
+                 "restore, else at attempt_started")
+    return _first(a.events, "restored") or a.started
+
+
+def _add(into: dict[str, float], more: dict[str, float]) -> None:
+    for k, v in more.items():
+        into[k] += v
 
 
 def _note_missing(evs: list[dict[str, Any]], attempts: list[_Attempt], notes: list[str]) -> None:
