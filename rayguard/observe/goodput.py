@@ -14,7 +14,8 @@
 - ``checkpoint``: time the loop was blocked on checkpoints (``blocked_s`` of each commit).
 - ``stall``: the last progress to the watchdog's ``stall_detected`` (its timeout).
 - ``preemption``: a preemption notice to the worker's end (the urgent checkpoint, the drain).
-- ``other``: what no cause explains (a failure that ended the run, to its end).
+- ``other``: what no cause explains (a failure that ended the run, to its end; a finished
+  run's last report to the end of ``fit()``).
 
 Wall time is partitioned: productive + every cause = wall time exactly. A log that lacks an
 event (0.1-era logs, step summaries turned off) is read with what it has, and
@@ -118,6 +119,7 @@ class _Attempt:
     first_step: int | None = None
     last_step: int | None = None
     step_time_s: float | None = None
+    last_report: float | None = None  # the lead rank's last report (``last_time``)
     outcome: str = "running"
 
 
@@ -156,6 +158,8 @@ def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _
     a.last_step = max((s for e in steps if (s := _int(e.get("last_step"))) is not None),
                       default=None)
     a.step_time_s = _step_time(steps)
+    a.last_report = max((x for e in steps if (x := _num(e.get("last_time"))) is not None),
+                        default=None)
     restored = next((e for e in evs if e.get("kind") == "restored"), None)
     a.restored_step = _int(restored.get("step")) if restored else None
     stall = next((e for e in evs if e.get("kind") == "stall_detected"), None)
@@ -272,6 +276,8 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
             _t(nxt.events[0]) if nxt is not None else t_end)
         if a.outcome == "running" and nxt is None and run_end is not None:
             a.outcome = run_end
+            if run_end == "finished" and a.last_report is not None:
+                end = a.last_report  # the loop's last report; the rest is the end of fit()
         ready = _ready(a, end, has_steps, notes)
         if prev is None:
             badput["startup"] += clock.take(ready)

@@ -343,3 +343,25 @@ def test_sweep_goodput_per_trial(tmp_path, capsys):
     assert main(["events", str(tmp_path), "--goodput", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["trials"]) == {"a", "b"}
+
+
+def test_a_finished_runs_end_after_its_last_report_is_other():
+    events = clean_run()
+    events[-2] = {**events[-2], "last_time": T0 + 96.0}  # the last summary: last report at 96 s
+    g = goodput(events)
+    assert_partition(g)
+    assert g.badput_s["other"] == pytest.approx(4)
+    assert g.productive_s == pytest.approx(89)
+    assert g.attempts[0].end_s == pytest.approx(96)
+
+
+def test_the_step_timer_sends_its_last_report_time():
+    from rayguard.observe.steps import StepTimer
+
+    now = [0.0]
+    timer = StepTimer(interval_s=100.0, clock=lambda: now[0], wall=lambda: 1000.0 + now[0])
+    timer.on_report(0, {}, 0.0)
+    now[0] = 2.0
+    timer.on_report(1, {}, 0.0)
+    summary = timer.take()
+    assert summary["last_time"] == 1002.0 and summary["first_time"] == 1002.0
