@@ -276,8 +276,8 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
             _t(nxt.events[0]) if nxt is not None else t_end)
         if a.outcome == "running" and nxt is None and run_end is not None:
             a.outcome = run_end
-            if run_end == "finished" and a.last_report is not None:
-                end = a.last_report  # the loop's last report; the rest is the end of fit()
+        if nxt is None and a.failed is None and run_end == "finished" and a.last_report:
+            end = a.last_report  # the loop's last report; the rest is the end of fit()
         ready = _ready(a, end, has_steps, notes)
         if prev is None:
             badput["startup"] += clock.take(ready)
