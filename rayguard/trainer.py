@@ -82,6 +82,9 @@ class RobustTrainer(GuardHooksTrainer):
         self.last_metrics: dict[str, Any] | None = None
         """Rank 0's last reported metrics once ``fit()`` returned or raised (Ray's
         ``Result.metrics`` holds only the metrics reported with the last checkpoint)."""
+        self.last_goodput: Any = None
+        """The last ``fit()``'s goodput (:class:`rayguard.observe.goodput.Goodput`, from its
+        event log), also the driver's last line."""
         user_run_config = run_config is not None
         run_config, note = _with_restart_budget(run_config, guard_config)
         self._budget_note = note if user_run_config else None  # only where 0 may be meant
@@ -215,6 +218,21 @@ class RobustTrainer(GuardHooksTrainer):
         ray.kill(coordinator)
         self._coordinator = None
         self._upload_events(events_file)
+        self._log_goodput(events_file)
+
+    def _log_goodput(self, events_file: str) -> None:
+        """The driver's last line: the run's goodput, from the log just written."""
+        from rayguard.events.lines import EventSource
+        from rayguard.events.read import iter_events
+        from rayguard.observe.goodput import goodput
+        from rayguard.observe.goodput_table import headline
+
+        try:
+            self.last_goodput = goodput(iter_events(EventSource("run", events_file)))
+        except Exception as exc:  # reading the figures must never fail the run
+            logger.debug("rayguard: no goodput figure: %s", exc)
+            return
+        logger.info("rayguard: %s", headline(self.last_goodput))
 
     def _final_error(self, exc: TrainingFailedError) -> tuple[BaseException, BaseException | None]:
         """The exception ``fit()`` raises: Ray's ``WorkerGroupError`` type (code that catches

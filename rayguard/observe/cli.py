@@ -1,4 +1,4 @@
-"""``rayguard events RUN_DIR [--follow] [--kind K] [--rank R] [--json]`` and
+"""``rayguard events RUN_DIR [--follow] [--kind K] [--rank R] [--json] [--goodput]`` and
 ``rayguard report RUN_DIR [-o report.html] [--metric NAME]``."""
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def add_events_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", "-r", type=int, default=None,
                         help="only this rank (events of the whole group are kept)")
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
+    parser.add_argument("--goodput", action="store_true",
+                        help="the run's goodput and badput by cause instead of the events "
+                        "(a sweep: per trial; with --json: one object)")
     parser.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
 
 
@@ -49,6 +52,8 @@ def cmd_events(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # ValueError: pyarrow's for a URI it cannot open
         print(f"rayguard events: {inert(exc)}", file=sys.stderr)
         return 2
+    if getattr(args, "goodput", False):
+        return _print_goodput(source, as_json=args.json)
     keep = Filter(kinds=tuple(args.kind), rank=args.rank)
     if not args.json:
         print(header(sweep=source.kind == "sweep"))
@@ -68,6 +73,25 @@ def cmd_events(args: argparse.Namespace) -> int:
     except OSError as exc:  # the log unreadable (a directory, no permission)
         print(f"rayguard events: cannot read {inert(source.path)}: {inert(exc)}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _print_goodput(source: Any, *, as_json: bool) -> int:
+    from rayguard.observe.goodput import goodput
+    from rayguard.observe.goodput_sweep import format_sweep_goodput, sweep_goodput
+    from rayguard.observe.goodput_table import format_goodput
+
+    try:
+        if source.kind == "sweep":
+            trials = sweep_goodput(iter_events(source))
+            print(json.dumps({"trials": {t: g.to_dict() for t, g in trials.items()}})
+                  if as_json else format_sweep_goodput(trials))
+            return 0
+        g = goodput(iter_events(source))
+    except OSError as exc:
+        print(f"rayguard events: cannot read {inert(source.path)}: {inert(exc)}", file=sys.stderr)
+        return 2
+    print(json.dumps(g.to_dict()) if as_json else format_goodput(g))
     return 0
 
 

@@ -66,6 +66,13 @@ def panels() -> list[dict[str, Any]]:
         _panel(10, "Report latency per rank",
                [(f"{m('report_latency_seconds')}{_SEL}", "rank {{rank}}")], 0, 29, unit="s",
                description="mean time a rayguard.train.report call blocked the loop"),
+        _panel(11, "Goodput (ETTR)", [(f"min by (run) ({m('goodput_ratio')}{_SEL})", "{{run}}")],
+               12, 29, w=4, h=8, kind="stat", unit="percentunit",
+               description="productive time (new steps) / wall time of the run so far"),
+        _panel(12, "Badput by cause", [
+            (f"sum by (cause) ({m('badput_seconds')}{_SEL})", "{{cause}}")], 16, 29, w=8,
+               unit="s", description="seconds not spent on new steps: startup, restart, "
+                                     "replay, checkpoint, stall, preemption, other"),
     ]
 
 

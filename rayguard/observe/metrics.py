@@ -57,6 +57,10 @@ SPECS: dict[str, MetricSpec] = {s.name: s for s in (
                "Rank's mean step time / peers' median over the straggler window", ("rank",)),
     MetricSpec(PREFIX + "world_size", "gauge", "Workers in the current attempt"),
     MetricSpec(PREFIX + "attempt", "gauge", "Current attempt (0: first start)"),
+    MetricSpec(PREFIX + "goodput_ratio", "gauge",
+               "Productive time (new steps) / wall time of the run so far (ETTR)"),
+    MetricSpec(PREFIX + "badput_seconds", "counter",
+               "Seconds of the run's wall time not spent on new steps, by cause", ("cause",)),
 )}
 
 
@@ -152,3 +156,18 @@ class RayMetrics:
                 metric.set(update.value, tags=tags)
             else:
                 metric.observe(update.value, tags=tags)
+
+
+def goodput_updates(ratio: float | None, badput_s: dict[str, float],
+                    published: dict[str, float]) -> list[Update]:
+    """The goodput gauge and the badput counters' increments since ``published`` (what was
+    counted so far, by cause; updated here). A cause's figure can shrink as the run goes on
+    (a stall is known only when detected): a counter only grows, so it waits until the
+    figure passes what it already counted."""
+    out = [] if ratio is None else [_u("goodput_ratio", ratio)]
+    for cause, seconds in badput_s.items():
+        delta = seconds - published.get(cause, 0.0)
+        if delta > 1e-9:
+            out.append(_u("badput_seconds", delta, cause=cause))
+            published[cause] = seconds
+    return out

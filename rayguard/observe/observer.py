@@ -2,7 +2,7 @@
 
 Every event the coordinator records passes through it: a ``restart`` gets its ``cause``
 (from the failed attempt's events), a ``restored`` its ``fallback`` flag, and each event
-becomes metric updates. Step summaries from the ranks become ``steps`` events, gauges and,
+becomes metric updates (the run's goodput among them, :mod:`rayguard.observe.goodput_meter`). Step summaries from the ranks become ``steps`` events, gauges and,
 through the straggler rule, ``straggler`` events. A metrics failure is logged, never raised:
 observing must not break the run.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from rayguard.events import make_event
 from rayguard.observe.causes import FAILURE_KINDS, failure_cause
+from rayguard.observe.goodput_meter import GoodputMeter
 from rayguard.observe.metrics import RayMetrics, Update, event_updates, summary_updates
 from rayguard.observe.straggler import StragglerDetector, describe, verdict_fields
 
@@ -30,6 +31,7 @@ class RunObserver:
         self._failures: dict[int, list[dict[str, Any]]] = {}
         self._rejected_since_restore = 0
         self._lock = threading.Lock()
+        self.goodput = GoodputMeter()
 
     # -- events ----------------------------------------------------------------------------
     def annotate(self, event: dict[str, Any]) -> None:
@@ -49,6 +51,13 @@ class RunObserver:
 
     def emit(self, event: dict[str, Any]) -> None:
         self._apply(event_updates(event))
+        try:
+            with self._lock:
+                updates = self.goodput.on_event(event)
+        except Exception as exc:  # observing must never break the run
+            logger.warning("rayguard: could not compute goodput: %s", exc)
+            return
+        self._apply(updates)
 
     # -- step summaries ----------------------------------------------------------------------
     def on_summary(self, summary: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """``rayguard report``: one self-contained HTML file (plotly.js inlined: opens offline, no
-server, no network) with the run's timeline, a metric over steps and a summary table; for a
+server, no network) led by the run's goodput and a bar of its badput by cause
+(:mod:`~rayguard.observe.report_goodput`), then its timeline, a metric over steps and a summary table; for a
 sweep directory, one row per trial.
 
 The data drawn is embedded as JSON in ``<script id="rayguard-report-data">``, so tests and
@@ -16,6 +17,9 @@ from typing import Any
 from rayguard.events.read import locate, read_log
 from rayguard.events.record import json_safe
 from rayguard.exceptions import RayGuardError
+from rayguard.observe.goodput import goodput
+from rayguard.observe.report_goodput import STYLE as GOODPUT_STYLE
+from rayguard.observe.report_goodput import goodput_section
 from rayguard.observe.timeline import build_run, build_sweep
 
 DATA_ELEMENT_ID = "rayguard-report-data"
@@ -57,6 +61,7 @@ def write_report(run_dir: str, output: str = "report.html", *, metric: str | Non
         data = build_sweep(parsed.events)
     else:
         data = build_run(parsed.events, metric=metric)
+        data["goodput"] = goodput(parsed.events).to_dict()
     data["source"] = str(run_dir)
     data["bad_lines"] = parsed.bad_lines
     page = render(data)
@@ -243,7 +248,7 @@ def render(data: dict[str, Any]) -> str:
     payload = data_json(data)
     title = "rayguard sweep report" if data["kind"] == "sweep" else "rayguard run report"
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>",
-             f"<style>{_STYLE}</style>", _PROBE % TIMELINE_ELEMENT_ID, "</head><body>",
+             f"<style>{_STYLE}\n{GOODPUT_STYLE}</style>", _PROBE % TIMELINE_ELEMENT_ID, "</head><body>",
              f"<h1>{title}</h1><p class='muted'>{html.escape(str(data.get('source', '')))}</p>"]
     if data["kind"] == "sweep":
         parts.append(_sweep_body(data))
@@ -264,6 +269,7 @@ def _run_body(data: dict[str, Any]) -> str:
     summary = _table(["", ""], [[html.escape(k), html.escape(v)]
                                 for k, v in summary_rows(data["summary"])], "summary")
     return "\n".join([
+        goodput_section(data.get("goodput")) if "goodput" in data else "",
         "<h2>Summary</h2>", summary, "<h2>Timeline</h2>", timeline,
         "<h2>Restarts</h2>", _restart_table(data), "<h2>Faults</h2>", _fault_table(data),
         f"<h2>{html.escape(str(data['metric']['name']))} over steps</h2>", metric,

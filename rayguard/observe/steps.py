@@ -44,6 +44,7 @@ class StepTimer:
         self.first_step: int | None = None
         self.last_step: int | None = None
         self.first_time: float | None = None
+        self.last_time: float | None = None
         self.samples: list[list[float]] = []
         self._seen = 0
 
@@ -65,6 +66,7 @@ class StepTimer:
             self.first_step = step
             self.first_time = self._wall()
         self.last_step = step
+        self.last_time = self._wall()  # the loop's last report: where a finished run's work ends
         self._sample(step, metrics)
         if self._last_sent is None or now - self._last_sent >= self.interval_s:
             self._last_sent = now
@@ -94,7 +96,8 @@ class StepTimer:
             "step_time_sum_s": self.step_time_sum_s, "step_time_max_s": self.step_time_max_s,
             "blocked_sum_s": self.blocked_sum_s, "blocked_max_s": self.blocked_max_s,
             "first_step": self.first_step, "last_step": self.last_step,
-            "first_time": self.first_time, "metric": self.metric, "samples": self.samples,
+            "first_time": self.first_time, "last_time": self.last_time,
+            "metric": self.metric, "samples": self.samples,
         }
         self._reset()
         self._stride = 1

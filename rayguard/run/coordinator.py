@@ -9,6 +9,7 @@ set-up and checkpoint commits work whatever backend (gloo, NCCL) the user's grou
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
@@ -38,6 +39,7 @@ class RunCoordinator:
         self._progress: dict[str, Any] = {}
         self._commit_steps: list[int] = []
         """Steps of the checkpoints this fit() committed, in commit order."""
+        self._group_started: dict[int, float] = {}  # attempt -> when its group was asked for
         self._notable: list[dict[str, Any]] = []
         self._closed = False
         self._cond = threading.Condition()
@@ -48,6 +50,7 @@ class RunCoordinator:
     def new_attempt(self) -> int:
         with self._cond:
             self._attempt += 1
+            self._group_started[self._attempt] = time.time()
             return self._attempt
 
     def attempt(self) -> int:
@@ -63,6 +66,9 @@ class RunCoordinator:
                 self._commit_steps.append(event["step"])
         if event.get("kind") in NOTABLE_KINDS:
             self._notable.append(event)
+        if event.get("kind") == "attempt_started" and event["attempt"] in self._group_started:
+            # the start of the restart's worker-start phase (rayguard.observe.goodput)
+            event.setdefault("group_start_time", self._group_started[event["attempt"]])
         self._observer.annotate(event)
         self._log.append(event)
         self._observer.emit(event)

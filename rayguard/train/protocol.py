@@ -146,9 +146,10 @@ def save(collective: Collective, store: CheckpointStore, payload: Any, *, step: 
     if tier is not None:  # its memory copies become the servable ones
         tier.committed(final, step)
     total = sum(f.size_bytes for r in records for f in r.files)
+    seconds = round(time.perf_counter() - started, 6)
     collective.record("checkpoint_committed", f"checkpoint {name} committed ({total} bytes, "
                       f"{len(records)} shard(s))", step=step, path=final, bytes=total,
-                      seconds=round(time.perf_counter() - started, 6), **event)
+                      seconds=seconds, **{"blocked_s": seconds, **event})  # in the loop: all of it
     return Committed(path, step, total, len(records))
 
 

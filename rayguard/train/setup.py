@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -232,6 +233,7 @@ class GuardedTrainFn:
     def _set_up(self) -> tuple[WorkerSession, Any, ray_report.RayReportBridge]:
         from rayguard.logs import configure_logging, quiet_ray_reports
 
+        setup_start_time = time.time()  # the set-up phase of a restart begins (goodput)
         configure_logging()
         quiet_ray_reports()
 
@@ -267,7 +269,8 @@ class GuardedTrainFn:
             session, link, session.forwarder, session.checkpointer.collective, store, inner))
         if ctx.rank == 0:
             link.record("attempt_started", f"attempt {ctx.attempt} started with "
-                        f"{ctx.world_size} worker(s)", world_size=ctx.world_size)
+                        f"{ctx.world_size} worker(s)", world_size=ctx.world_size,
+                        setup_start_time=setup_start_time)
         return session, hook, bridge
 
     def _session(self, link: RunLink, watchdog: Watchdog, store: CheckpointStore,

@@ -101,8 +101,9 @@ def run(tmp_path_factory):
     health = rayguard.HealthConfig(stall_timeout_s=20.0, step_summary_interval_s=0.5,
                                    straggler_window_s=5.0)
     guard = rayguard.GuardConfig(seed=0, numa="off", faults=FAULTS, health=health)
-    result = make_trainer(faulty_loop, tmp, config={"steps": STEPS}, guard=guard,
-                          name="observed").fit()
+    trainer = make_trainer(faulty_loop, tmp, config={"steps": STEPS}, guard=guard,
+                           name="observed")
+    result = trainer.fit()
     time.sleep(3)  # two metric report intervals after the end
     scraper.done.set()
     scraper.join()
@@ -110,7 +111,8 @@ def run(tmp_path_factory):
         scraper.seen.update(scrape(port))
     except Exception as exc:
         scraper.errors.append(repr(exc))
-    yield {"path": result.path, "tmp": tmp, "metrics": scraper.seen, "errors": scraper.errors}
+    yield {"path": result.path, "tmp": tmp, "metrics": scraper.seen, "errors": scraper.errors,
+           "goodput": trainer.last_goodput}
     ray.shutdown()  # the next module gets the plain shared cluster
 
 
@@ -225,3 +227,47 @@ def test_metrics_on_rays_prometheus_endpoint(run):
     assert value("ray_rayguard_attempt") == hangs + 2
     assert value("ray_rayguard_step_time_seconds", rank="0") > 0
     assert value("ray_rayguard_checkpoint_seconds_count", phase="blocked") >= 4
+
+
+def test_goodput_of_a_run_with_a_kill_a_hang_and_a_nan(run):
+    from rayguard.observe.goodput import CAUSES, goodput
+
+    events = _events(run["path"])
+    g = goodput(events)
+    restarts = sum(e["kind"] == "restart" for e in events)
+    assert g.restarts == restarts >= 3 and len(g.attempts) == restarts + 1
+    times = [e["time"] for e in events]
+    assert g.wall_s == pytest.approx(max(times) - min(times))
+    total = g.productive_s + sum(g.badput_s.values())
+    assert abs(total - g.wall_s) <= 0.01 * g.wall_s
+    assert 0 < g.ratio < 1 and g.productive_s > 0
+    assert g.badput_s["restart"] > 0 and g.badput_s["startup"] > 0
+    for phase in ("teardown", "worker_start", "setup", "load"):
+        assert g.restart_s[phase] > 0, (phase, g.restart_s)
+    assert g.replayed_steps >= 1 and g.badput_s["replay"] > 0
+    assert g.badput_s["stall"] >= 20.0  # the hang: its watchdog timeout
+    assert g.badput_s["checkpoint"] > 0  # every commit here is synchronous: blocked_s
+    # an attempt killed within its first step summary has no step time measured: only that
+    # may be missing, every other phase is recorded
+    assert all("replayed steps' time" in n for n in g.not_measured), g.not_measured
+    # the driver's figures (RobustTrainer.last_goodput, its last line) are the log's
+    assert run["goodput"] is not None and run["goodput"].ratio == pytest.approx(g.ratio)
+    cmd = [sys.executable, "-m", "rayguard", "events", run["path"], "--goodput", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    data = json.loads(out)
+    assert data["ratio"] == pytest.approx(g.ratio) and set(data["badput_s"]) == set(CAUSES)
+    table = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=120,
+                           check=True).stdout
+    assert table.startswith(f"goodput {g.ratio:.2f}") and "replay" in table
+
+
+def test_goodput_metrics_on_rays_prometheus_endpoint(run):
+    from rayguard.observe.goodput import goodput
+
+    g = goodput(_events(run["path"]))
+    key = ("run", "observed")
+    ratio = run["metrics"].get(("ray_rayguard_goodput_ratio", (key,)))
+    assert ratio == pytest.approx(g.ratio, rel=1e-3)
+    restart = run["metrics"].get(("ray_rayguard_badput_seconds_total",
+                                  (("cause", "restart"), key)))
+    assert restart == pytest.approx(g.badput_s["restart"], rel=0.01)

@@ -93,6 +93,13 @@ def test_a_save_commits_one_verified_checkpoint_and_load_reads_each_rank(root: P
     _assert_old_or_new_whole(root, new_visible=True)
 
 
+def test_a_commit_in_the_loop_says_it_blocked_the_loop_throughout(root: Path) -> None:
+    group = ThreadGroup(WORLD)
+    _save(group, LocalStore(str(root)), step=2)
+    (event,) = group.events
+    assert event["blocked_s"] == event["seconds"] >= 0  # goodput's checkpoint time
+
+
 def _crash_at_phase(group: ThreadGroup, name: str, rank: int) -> Callable[[str, str], None]:
     def hook(phase: str, path: str) -> None:
         if phase == name and group.current_rank() == rank:

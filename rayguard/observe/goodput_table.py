@@ -1,0 +1,46 @@
+"""The goodput of a run as text: ``rayguard events RUN --goodput`` and the driver's last line."""
+
+from __future__ import annotations
+
+from rayguard.observe.goodput import CAUSES, RESTART_PHASES, Goodput
+
+
+def headline(g: Goodput) -> str:
+    """``goodput 0.68 (61.0 s productive of 90.0 s, 1 restart, 26 steps replayed)``."""
+    if g.ratio is None:
+        return "goodput not measured (no events)"
+    return (f"goodput {g.ratio:.2f} ({g.productive_s:.1f} s productive of {g.wall_s:.1f} s, "
+            f"{g.restarts} restart{'s' if g.restarts != 1 else ''}, {g.replayed_steps} "
+            f"step{'s' if g.replayed_steps != 1 else ''} replayed)")
+
+
+def _share(seconds: float, wall: float) -> str:
+    return f"{100.0 * seconds / wall:6.1f}%" if wall > 0 else "      -"
+
+
+def format_goodput(g: Goodput) -> str:
+    """The run's figures: productive time and each cause (restart phases indented), then
+    one row per attempt, then what could not be measured."""
+    lines = [headline(g), "", f"{'':<16}{'seconds':>10} {'share':>7}",
+             f"{'productive':<16}{g.productive_s:>10.2f} {_share(g.productive_s, g.wall_s)}"]
+    for cause in CAUSES:
+        lines.append(f"{cause:<16}{g.badput_s[cause]:>10.2f} {_share(g.badput_s[cause], g.wall_s)}")
+        if cause == "restart":
+            lines += [f"  {phase:<14}{g.restart_s[phase]:>10.2f}" for phase in RESTART_PHASES]
+    lines.append(f"{'wall':<16}{g.wall_s:>10.2f}")
+    if g.attempts:
+        cols = ("productive",) + CAUSES
+        lines += ["", "attempt  start_s    end_s " + " ".join(f"{c:>10}" for c in cols)
+                  + "  outcome   restored replayed"]
+        for a in g.attempts:
+            values = (a.productive_s,) + tuple(a.badput_s[c] for c in CAUSES)
+            lines.append(f"{a.attempt:>7} {a.start_s:>8.1f} {a.end_s:>8.1f} "
+                         + " ".join(f"{v:>10.2f}" for v in values)
+                         + f"  {a.outcome:<9} {_opt(a.restored_step):>8} {a.replayed_steps:>8}")
+    if g.not_measured:
+        lines += ["", "not measured:"] + [f"  - {n}" for n in g.not_measured]
+    return "\n".join(lines)
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
