@@ -221,17 +221,25 @@ class RobustTrainer(GuardHooksTrainer):
         self._log_goodput(events_file)
 
     def _log_goodput(self, events_file: str) -> None:
-        """The driver's last line: the run's goodput, from the log just written."""
+        """The driver's last lines: the run's goodput, and the checkpoint interval that would
+        have maximised it, from the log just written."""
+        from rayguard.checkpoint.interval_advice import recommend_interval
         from rayguard.events.lines import EventSource
         from rayguard.events.read import iter_events
         from rayguard.observe.goodput import goodput
         from rayguard.observe.goodput_table import headline
 
+        ckpt = self.guard_config.checkpoint
         try:
-            self.last_goodput = goodput(iter_events(EventSource("run", events_file)))
+            events = list(iter_events(EventSource("run", events_file)))
+            self.last_goodput = goodput(events)
+            advice = recommend_interval(events, mtbf_s=ckpt.mtbf_s,
+                                        min_interval_s=ckpt.min_interval_s,
+                                        max_interval_s=ckpt.max_interval_s)
         except Exception as exc:  # reading the figures must never fail the run
             logger.debug("rayguard: no goodput figure: %s", exc)
             return
+        logger.info("rayguard: %s", advice.line())
         logger.info("rayguard: %s", headline(self.last_goodput))
 
     def _final_error(self, exc: TrainingFailedError) -> tuple[BaseException, BaseException | None]:

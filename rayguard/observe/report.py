@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from rayguard.checkpoint.interval_advice import recommend_interval
 from rayguard.events.read import locate, read_log
 from rayguard.events.record import json_safe
 from rayguard.exceptions import RayGuardError
@@ -62,6 +63,7 @@ def write_report(run_dir: str, output: str = "report.html", *, metric: str | Non
     else:
         data = build_run(parsed.events, metric=metric)
         data["goodput"] = goodput(parsed.events).to_dict()
+        data["goodput"]["checkpoint_interval"] = recommend_interval(parsed.events).line()
     data["source"] = str(run_dir)
     data["bad_lines"] = parsed.bad_lines
     page = render(data)

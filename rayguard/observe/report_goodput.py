@@ -65,6 +65,8 @@ def goodput_section(g: dict[str, Any] | None) -> str:
         f"{int(g.get('restarts') or 0)} restart(s), {int(g.get('replayed_steps') or 0)} "
         "step(s) replayed</p>",
         badput_bar(g), table,
+        f"<p>{html.escape(str(g['checkpoint_interval']))}</p>" if g.get("checkpoint_interval")
+        else "",
         f"<p class='muted'>Not measured:</p><ul class='muted'>{notes}</ul>" if notes else ""])
 
 

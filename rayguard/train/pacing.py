@@ -1,6 +1,6 @@
 """The worker's side of the checkpoint interval: rank 0 decides, every rank agrees.
 
-Rank 0 holds the :class:`~rayguard.train.interval.IntervalPolicy` of this attempt, started
+Rank 0 holds the :class:`~rayguard.checkpoint.interval.IntervalPolicy` of this attempt, started
 from the run directory's failure history (earlier runs' and this run's restarts, from the
 event log; else this attempt's number). At every report rank 0 asks it whether a
 checkpoint is due and brings the answer as the ``interval`` flag of the per-report
@@ -16,15 +16,15 @@ import logging
 import time
 from typing import Any
 
-from rayguard.config import CheckpointConfig
-from rayguard.train.agreement import Flags
-from rayguard.train.interval import (
+from rayguard.checkpoint.interval import (
     DEFAULT_MTBF_S,
     IntervalBounds,
     IntervalDecision,
     IntervalPolicy,
 )
-from rayguard.train.interval_advice import FailureHistory, failure_history
+from rayguard.checkpoint.interval_advice import FailureHistory, failure_history
+from rayguard.config import CheckpointConfig
+from rayguard.train.agreement import Flags
 
 logger = logging.getLogger("rayguard")
 

@@ -92,7 +92,7 @@ def test_should_checkpoint_paces_checkpoints_at_the_interval_on_every_rank(ray_l
     times = [e["time"] for e in commits]
     gaps = [b - a for a, b in zip(times[:-1], times[1:], strict=True)]
     assert min(gaps) >= interval_s / 2  # never faster than the interval (event-time jitter aside)
-    from rayguard.train.interval_advice import recommend_interval
+    from rayguard.checkpoint.interval_advice import recommend_interval
 
     rec = recommend_interval(read_events(result.path))
     print("paced checkpoints at steps", asked[0], "gaps", [round(g, 2) for g in gaps],

@@ -368,3 +368,26 @@ def test_the_step_timer_sends_its_last_report_time():
     timer.on_report(1, {}, 0.0)
     summary = timer.take()
     assert summary["last_time"] == 1002.0 and summary["first_time"] == 1002.0
+
+
+def test_cli_events_goodput_recommends_the_checkpoint_interval(tmp_path, capsys):
+    """For a loop on its own schedule: the interval that would have maximised goodput, with
+    the figures behind it (the log's mean checkpoint cost and its failures)."""
+    from rayguard.checkpoint.interval import IntervalBounds, bounded_interval, estimate_mtbf
+    from rayguard.checkpoint.interval_advice import failure_history
+    from rayguard.cli import main
+
+    events = kill_with_restore()
+    _write_log(tmp_path, events)
+    assert main(["events", str(tmp_path), "--goodput"]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("checkpoint interval: ") and "maximises goodput" in last
+    assert main(["events", str(tmp_path), "--goodput", "--json"]) == 0
+    advice = json.loads(capsys.readouterr().out)["checkpoint_interval"]
+    history = failure_history(events)
+    assert advice["failures"] == history.failures >= 1
+    mtbf = estimate_mtbf(history.observed_s, history.failures)
+    assert advice["mtbf_s"] == pytest.approx(mtbf)
+    assert advice["interval_s"] == pytest.approx(
+        bounded_interval(advice["cost_s"], mtbf, IntervalBounds(60.0, 3600.0)))
+    assert f"{advice['interval_s']:.0f} s" in last

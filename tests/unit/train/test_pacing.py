@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import rayguard
+from rayguard.checkpoint.interval import IntervalBounds, IntervalPolicy, daly_interval
+from rayguard.checkpoint.interval_advice import failure_history, recommend_interval
 from rayguard.events import read
 from rayguard.train import forwarding as forwarding_mod
 from rayguard.train.agreement import Flags, merge_all
 from rayguard.train.context import GuardContext
-from rayguard.train.interval import IntervalBounds, IntervalPolicy, daly_interval
-from rayguard.train.interval_advice import failure_history, recommend_interval
 from rayguard.train.pacing import CheckpointPacing, pacing_for, read_history
 from rayguard.train.setup import build_session
 from rayguard.train.store import LocalStore

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rayguard.train.interval import (
+from rayguard.checkpoint.interval import (
     DEFAULT_MTBF_S,
     IntervalBounds,
     bounded_interval,
@@ -90,6 +90,10 @@ class Recommendation:
     """Mean seconds between the run's checkpoints (``None``: fewer than two)."""
     unbounded_s: float | None
     """Daly's interval without the configured bounds."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures, for ``--json`` and the report."""
+        return dict(vars(self))
 
     def line(self) -> str:
         """One line for a report or the driver's last line."""

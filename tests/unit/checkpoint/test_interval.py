@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rayguard.train.interval import (
+from rayguard.checkpoint.interval import (
     DEFAULT_MTBF_S,
     IntervalBounds,
     IntervalPolicy,
