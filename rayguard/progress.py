@@ -19,4 +19,4 @@ __getattr__ = _deprecated.moved("rayguard.progress", {
     "event_line": "rayguard.observe.progress",
     "next_line": "rayguard.observe.progress",
     "progress_line": "rayguard.observe.progress",
-}, module_moved=True)
+}, why="module")

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
+from rayguard import _deprecated
 
 _MOVED = {
     "EventSource": "rayguard.events.lines", "LineReader": "rayguard.events.lines",
@@ -16,11 +15,4 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    warnings.warn(f"rayguard.observe.log.{name} moved to {_MOVED[name]}.{name}",
-                  DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(_MOVED[name]), name)
+__getattr__ = _deprecated.moved("rayguard.observe.log", _MOVED, why="module")

@@ -18,10 +18,10 @@ cpulist format in :mod:`~rayguard.placement.cpulist`, the JSON form in
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from rayguard import _deprecated
 from rayguard.constants import TOPOLOGY_ENV_VAR
 from rayguard.placement import cpulist as _cpulist
 from rayguard.placement import discovery as _discovery
@@ -58,13 +58,8 @@ _MOVED: dict[str, Any] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"rayguard.placement.topology.{name} moved to {module.__name__}.{name}",
-                  DeprecationWarning, stacklevel=2)
-    return getattr(module, name)
+__getattr__ = _deprecated.moved(
+    "rayguard.placement.topology", {n: m.__name__ for n, m in _MOVED.items()}, why="moved")
 
 
 __all__ = [

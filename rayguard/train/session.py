@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rayguard import _deprecated
 from rayguard.checkpoint.checkpointable import check_checkpointable
 from rayguard.config import GuardConfig
 from rayguard.faults import Fault, FaultInjector
@@ -212,13 +213,5 @@ _MOVED = {"FatalNonFiniteMetricError": "rayguard.exceptions",
           "resolve_step": "rayguard.train.steps"}
 
 
-def __getattr__(name: str) -> Any:
-    """Names that moved out of this module keep working here, with a DeprecationWarning."""
-    if name in _MOVED:
-        import importlib
-        import warnings
-
-        warnings.warn(f"rayguard.train.session.{name} moved to {_MOVED[name]}.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(name)
+# Names that moved out of this module keep working here, with a DeprecationWarning.
+__getattr__ = _deprecated.moved("rayguard.train.session", _MOVED, why="moved")
