@@ -239,8 +239,8 @@ class RobustTrainer(GuardHooksTrainer):
         except Exception as exc:  # reading the figures must never fail the run
             logger.debug("rayguard: no goodput figure: %s", exc)
             return
-        logger.info("rayguard: %s", advice.line())
-        logger.info("rayguard: %s", headline(self.last_goodput))
+        logger.info("%s", advice.line())  # the log format already says [rayguard]
+        logger.info("%s", headline(self.last_goodput))
 
     def _final_error(self, exc: TrainingFailedError) -> tuple[BaseException, BaseException | None]:
         """The exception ``fit()`` raises: Ray's ``WorkerGroupError`` type (code that catches

@@ -100,10 +100,16 @@ class Recommendation:
         if self.interval_s is None or self.cost_s is None:
             return "checkpoint interval: no checkpoint cost measured"
         used = ("" if self.used_interval_s is None
-                else f"; this run checkpointed every {self.used_interval_s:.0f} s")
+                else f"; this run checkpointed every {_seconds(self.used_interval_s)}")
         return (f"checkpoint interval: {self.interval_s:.0f} s maximises goodput (Daly: cost "
                 f"{self.cost_s:.2f} s, MTBF {self.mtbf_s:.0f} s from {self.failures} "
                 f"failure(s) in {self.observed_s:.0f} s){used}")
+
+
+def _seconds(value: float) -> str:
+    """``60 s``; a sub-10-second figure keeps two significant digits (``0.05 s``, not
+    ``0 s``)."""
+    return f"{value:.0f} s" if value >= 10 else f"{value:.2g} s"
 
 
 def _number(value: Any) -> float | None:

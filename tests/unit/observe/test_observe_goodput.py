@@ -391,3 +391,12 @@ def test_cli_events_goodput_recommends_the_checkpoint_interval(tmp_path, capsys)
     assert advice["interval_s"] == pytest.approx(
         bounded_interval(advice["cost_s"], mtbf, IntervalBounds(60.0, 3600.0)))
     assert f"{advice['interval_s']:.0f} s" in last
+
+
+def test_the_recommendation_line_keeps_a_short_interval_readable():
+    from rayguard.checkpoint.interval_advice import Recommendation
+
+    rec = Recommendation(interval_s=60.0, cost_s=0.01, mtbf_s=86400.0, observed_s=13.0,
+                         failures=0, checkpoints=6, used_interval_s=0.05, unbounded_s=41.6)
+    assert rec.line().endswith("this run checkpointed every 0.05 s")
+    assert "60 s maximises goodput" in rec.line()
