@@ -8,7 +8,8 @@
   (``worker_died`` to the controller starting the next group: ``group_start_time`` of the
   next ``attempt_started``), ``worker_start`` (to rank 0 beginning its set-up:
   ``setup_start_time``), ``setup`` (rayguard's set-up, to ``attempt_started``) and ``load``
-  (the restore and the first step: the first step summary's ``first_time``).
+  (the restore, to the first step: the first report, ``first_time``, less one measured
+  step when the summary has the time ``load_state`` returned, ``begin_time``).
 - ``replay``: steps an attempt ran again below the highest step reached before (from the
   restored step), costed at that attempt's measured time per step.
 - ``checkpoint``: time the loop was blocked on checkpoints (``blocked_s`` of each commit).
@@ -144,6 +145,18 @@ def _step_time(steps: list[dict[str, Any]]) -> float | None:
     return total / covered if covered > 0 else total / intervals
 
 
+def _first_step_start(first: float | None, steps: list[dict[str, Any]],
+                      step_time_s: float | None) -> float | None:
+    """When the attempt's first step began. The first report (``first_time``) ends it; when
+    the summary says when the loop got its state back (``begin_time``), the step is counted
+    as work at the attempt's measured time per step, never before ``begin_time`` (slower
+    first steps, a warm-up, stay in the start-up or the load)."""
+    begun = [b for e in steps if (b := _num(e.get("begin_time"))) is not None]
+    if first is None or not begun or step_time_s is None:
+        return first
+    return max(min(begun), first - step_time_s)
+
+
 def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _Attempt:
     a = _Attempt(number, evs)
     begun = next((e for e in evs if e.get("kind") == "attempt_started"), {})
@@ -158,6 +171,7 @@ def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _
     a.last_step = max((s for e in steps if (s := _int(e.get("last_step"))) is not None),
                       default=None)
     a.step_time_s = _step_time(steps)
+    a.first = _first_step_start(a.first, steps, a.step_time_s)
     a.last_report = max((x for e in steps if (x := _num(e.get("last_time"))) is not None),
                         default=None)
     restored = next((e for e in evs if e.get("kind") == "restored"), None)

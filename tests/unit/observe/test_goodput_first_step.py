@@ -1,0 +1,67 @@
+"""The first step of an attempt is work: when the step summary says when ``load_state``
+returned (``begin_time``), the planner counts the first step at the attempt's measured time
+per step (never before ``begin_time``); without it, as before, the first report ends the
+start-up or the load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rayguard.events import make_event
+from rayguard.observe.goodput import goodput
+from rayguard.observe.steps import StepTimer
+
+T0 = 1_700_000_000.0
+
+
+def ev(t: float, kind: str, attempt: int | None = None, **fields: Any) -> dict[str, Any]:
+    event = make_event(kind, kind, attempt=attempt, **fields)
+    event["time"] = T0 + t
+    return event
+
+
+def run(begin: float | None) -> list[dict[str, Any]]:
+    """One attempt: load_state returned at ``begin``, the first report at 5, then 90 steps
+    of 0.5 s; a kill at 50 after step 90 and a restart whose first report is at 60."""
+    extra = {} if begin is None else {"begin_time": T0 + begin}
+    extra1 = {} if begin is None else {"begin_time": T0 + 59.8}  # a fast load: 0.2 s to go
+    return [ev(0, "start"), ev(1, "attempt_started", 0),
+            ev(6, "steps", 0, rank=0, first_step=0, last_step=90, first_time=T0 + 5,
+               step_time_sum_s=45.0, intervals=90, **extra),
+            ev(50, "fault_injected", 0, step=90, fault="kill"),
+            ev(51, "worker_died", 0), ev(52, "restart", 0), ev(58, "attempt_started", 1),
+            ev(58.5, "restored", 1, step=89),
+            ev(70, "steps", 1, rank=0, first_step=90, last_step=100, first_time=T0 + 60,
+               step_time_sum_s=5.0, intervals=10, **extra1),
+            ev(80, "finished")]
+
+
+def test_without_begin_time_the_first_report_ends_the_start_up():
+    g = goodput(run(None))
+    assert g.badput_s["startup"] == pytest.approx(5)
+    assert g.restart_s["load"] == pytest.approx(2)
+
+
+def test_with_begin_time_the_first_step_is_work_at_the_measured_step_time():
+    g = goodput(run(begin=2.0))
+    assert g.badput_s["startup"] == pytest.approx(4.5)  # one 0.5 s step before the report
+    # the restart: load_state returned 0.2 s before the first report, less than a step
+    assert g.restart_s["load"] == pytest.approx(1.8)
+    assert g.productive_s + sum(g.badput_s.values()) == pytest.approx(g.wall_s)
+    assert g.productive_s == pytest.approx(goodput(run(None)).productive_s + 0.5 + 0.2)
+
+
+def test_the_step_timer_sends_begin_time_with_the_first_report_only():
+    wall, clock = [100.0], [0.0]
+    timer = StepTimer(interval_s=0.0, clock=lambda: clock[0], wall=lambda: wall[0])
+    timer.begin()
+    wall[0], clock[0] = 101.0, 1.0
+    first = timer.on_report(0, {}, 0.0)
+    timer.begin()  # a later load_state: too late, the first step was reported
+    wall[0], clock[0] = 102.0, 2.0
+    second = timer.on_report(1, {}, 0.0)
+    assert first is not None and first["begin_time"] == 100.0 and first["first_time"] == 101.0
+    assert second is not None and "begin_time" not in second
+    assert "begin_time" not in (StepTimer(interval_s=0.0).on_report(0, {}, 0.0) or {})
