@@ -214,7 +214,7 @@ def run_once(mode, args, root, *, faults=True, every=None, extra=None):
               "hang": args.hang if faults else -1, "nan": args.nan if faults else -1,
               "preempt": args.preempt if faults else -1, "robust": mode != "torch",
               "paced": mode == "paced", "state_mib": args.state_mib,
-              "stall_timeout_s": args.stall_timeout_s, **(extra or {})}
+              "stall_timeout_s": args.stall_timeout_s, "t_start": time.time(), **(extra or {})}
     scaling = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1})
     if mode == "torch":
         from ray.train.torch import TorchTrainer
@@ -234,7 +234,7 @@ def run_once(mode, args, root, *, faults=True, every=None, extra=None):
             guard_config=rayguard.GuardConfig(numa="off", progress_interval_s=None,
                                               checkpoint=ckpt, health=health,
                                               faults=fault_spec(args) if faults else None))
-    config["t_start"] = t0 = time.time()
+    t0 = time.time()
     trainer.fit()
     wall = time.time() - t0
     with open(os.path.join(out, MARKS)) as f:
@@ -293,10 +293,12 @@ def compare(rows):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=44)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="default 44 (--quick: 30, --interval-check: 400)")
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--step-s", type=float, default=0.1)
-    parser.add_argument("--state-mib", type=float, default=8.0)
+    parser.add_argument("--state-mib", type=float, default=None,
+                        help="default 8 (--interval-check: 64)")
     parser.add_argument("--kills", default="12", help="steps at which rank 1 is killed")
     parser.add_argument("--hang", type=int, default=20, help="step rank 1 hangs at (-1: none)")
     parser.add_argument("--nan", type=int, default=28, help="step of a NaN loss (-1: none)")
@@ -304,7 +306,8 @@ def main() -> None:
                         help="step rank 1 gets SIGTERM at (-1: none)")
     parser.add_argument("--stall-timeout-s", type=float, default=5.0)
     parser.add_argument("--min-interval-s", type=float, default=0.5)
-    parser.add_argument("--mtbf-s", type=float, default=None)
+    parser.add_argument("--mtbf-s", type=float, default=30.0,
+                        help="CheckpointConfig(mtbf_s=) of the paced mode")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--no-clean", action="store_true", help="no fault-free runs")
     parser.add_argument("--quick", action="store_true",
@@ -315,15 +318,18 @@ def main() -> None:
     parser.add_argument("--prior-factor", type=float, default=4.0)
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.kills, args.hang, args.nan, args.preempt = 30, "12", -1, -1, -1
+        args.kills, args.hang, args.nan, args.preempt = "12", -1, -1, -1
         args.modes, args.no_clean = "sync", True
+    big = args.interval_check
+    args.steps = args.steps or (400 if big else 30 if args.quick else 44)
+    args.state_mib = args.state_mib if args.state_mib is not None else 64.0 if big else 8.0
     args.kills = [int(k) for k in args.kills.split(",") if k]
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     with tempfile.TemporaryDirectory(prefix="rg-bench-goodput-") as root:
         if args.interval_check:
-            from bench_goodput_interval import interval_check  # noqa: I001 (beside this file)
+            from bench_goodput_interval import interval_check  # beside this file
 
             interval_check(args, root, run_once)
             return
