@@ -11,7 +11,9 @@
   (the restore, to the first step: the first report, ``first_time``, less one measured
   step when the summary has the time ``load_state`` returned, ``begin_time``).
 - ``replay``: steps an attempt ran again below the highest step reached before (from the
-  restored step), costed at that attempt's measured time per step.
+  restored step), costed at that attempt's measured time per step (an attempt too short
+  for a second step summary: timed from its first report to the last event recorded at a
+  report, a fault, a NaN, a commit or a notice, less the checkpoints between).
 - ``checkpoint``: time the loop was blocked on checkpoints (``blocked_s`` of each commit).
 - ``stall``: the last progress to the watchdog's ``stall_detected`` (its timeout).
 - ``preemption``: a preemption notice to the worker's end (the urgent checkpoint, the drain).
@@ -145,6 +147,31 @@ def _step_time(steps: list[dict[str, Any]]) -> float | None:
     return total / covered if covered > 0 else total / intervals
 
 
+_REPORT_MARKS = ("fault_injected", "nan_detected", "checkpoint_committed", "preemption_notice")
+"""Kinds recorded at a report, with its step: two of them time the steps between."""
+
+
+def _span_step_time(evs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> float | None:
+    """Seconds per step of an attempt whose summaries measured no interval (it ended before
+    its second summary): its first report to the furthest later event recorded at a report
+    (a fault fired, a NaN found, a commit, a notice), less the checkpoints' blocked time
+    between, over the steps between."""
+    starts = [(t, s) for e in steps if (t := _num(e.get("first_time"))) is not None
+              and (s := _int(e.get("first_step"))) is not None]
+    if not starts:
+        return None
+    t0, s0 = min(starts)
+    later = [(s, t) for e in evs if e.get("kind") in _REPORT_MARKS
+             and (s := _int(e.get("step"))) is not None and s > s0
+             and (t := _t(e)) is not None and t > t0]
+    if not later:
+        return None
+    s1, t1 = max(later)
+    blocked = sum(max(_num(e.get("blocked_s", e.get("seconds"))) or 0.0, 0.0) for e in evs
+                  if e.get("kind") == "checkpoint_committed" and t0 < (_t(e) or t0) <= t1)
+    return max(t1 - t0 - blocked, 0.0) / (s1 - s0)
+
+
 def _first_step_start(first: float | None, steps: list[dict[str, Any]],
                       step_time_s: float | None) -> float | None:
     """When the attempt's first step began. The first report (``first_time``) ends it; when
@@ -171,6 +198,8 @@ def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _
     a.last_step = max((s for e in steps if (s := _int(e.get("last_step"))) is not None),
                       default=None)
     a.step_time_s = _step_time(steps)
+    if a.step_time_s is None:
+        a.step_time_s = _span_step_time(evs, steps)
     a.first = _first_step_start(a.first, steps, a.step_time_s)
     a.last_report = max((x for e in steps if (x := _num(e.get("last_time"))) is not None),
                         default=None)
@@ -247,7 +276,8 @@ def _carve(window: float, a: _Attempt, prev_max: int | None,
     start = a.first_step if a.first_step is not None else (
         a.restored_step + 1 if a.restored_step is not None else None)
     if prev_max is not None and start is not None:
-        top = prev_max if a.last_step is None else min(prev_max, a.last_step)
+        reached = _reached(a)
+        top = prev_max if reached is None else min(prev_max, reached)
         replayed = max(top - start + 1, 0)
     if replayed and a.step_time_s is not None:
         spent = min(replayed * a.step_time_s, left)

@@ -19,8 +19,11 @@ preemption SIGTERM to rank 1 at ``--preempt``; each fires once per run) run unde
 each also without faults (``--no-clean``: not). The benchmark measures each run itself,
 from the loop's own marks (rank 0): productive time is the time of each step done for the
 first time (a step run again after a restore is replayed), less the time its report blocked
-on a checkpoint; ETTR = productive time / the driver's wall time of ``fit()``. Per fault,
-the cost is the time from the fault to the start of the next new step. For RobustTrainer it
+on a checkpoint; ETTR = productive time / the driver's wall time of ``fit()`` (the
+definition the product's figure is checked against: a report's own time outside a
+checkpoint counts with its step); "ETTR, work only" leaves every report's time out (plain
+TorchTrainer's reports wait on its controller's poll). Per fault, the cost is the time
+from the fault to the first new step of the next worker group. For RobustTrainer it
 also prints the product's own figure (``RobustTrainer.last_goodput``, from the event log:
 ``rayguard events RUN --goodput``) with its badput by cause, and checks that the product's
 ratio equals the benchmark's within 5%.
@@ -39,6 +42,7 @@ chose against Daly's optimum (within 20%?) and its goodput against the best fixe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -60,7 +64,7 @@ def loop(config):
         rank, attempt = ctx.rank, ctx.attempt
         state = rayguard.train.load_state()
     else:
-        rank, attempt = ray.train.get_context().get_world_rank(), None
+        rank, attempt = ray.train.get_context().get_world_rank(), os.getpid()  # a new group
         ckpt = ray.train.get_checkpoint()
         state = None
         if ckpt is not None:
@@ -95,7 +99,7 @@ def loop(config):
             _plain_report(model, ballast, metrics, save, rank)
         t2 = time.time()
         if rank == 0:
-            _mark(out, {"what": "step", "step": step, "start": t0, "end": t2,
+            _mark(out, {"what": "step", "step": step, "start": t0, "end": t2, "work": t1 - t0,
                         "blocked": (t2 - t1) if save else 0.0, "attempt": attempt})
 
 
@@ -177,20 +181,25 @@ def _mark(out, row):
 
 
 def measure(marks, wall_s):
-    """ETTR from the loop's marks: new steps' time (less checkpoint blocking) / wall."""
+    """ETTR from the loop's marks: new steps' time (less checkpoint blocking) / wall; and
+    ``work``: new steps' own work only (before their report), the report's time left out.
+    A fault's cost: the fault to the first new step of the next attempt (worker group)."""
     steps = sorted((m for m in marks if m["what"] == "step"), key=lambda m: m["end"])
-    best, productive, new_at = -1, 0.0, []
+    best, productive, work, new_at = -1, 0.0, 0.0, []
     for m in steps:
         if m["step"] > best:
             productive += max(m["end"] - m["start"] - m["blocked"], 0.0)
+            work += m.get("work", 0.0)
             best = m["step"]
-            new_at.append((m["start"], m["step"]))
+            new_at.append((m["start"], m["attempt"]))
     costs = []
     for k in sorted((m for m in marks if m["what"] == "fault"), key=lambda m: m["time"]):
-        later = [t for t, s in new_at if t > k["time"] and s >= k["step"]]
+        before = [m["attempt"] for m in steps if m["end"] <= k["time"]]
+        group = before[-1] if before else None
+        later = [t for t, a in new_at if t > k["time"] and a != group]
         costs.append((k["kind"], later[0] - k["time"] if later else None))
     return {"ettr": productive / wall_s, "productive_s": productive, "wall_s": wall_s,
-            "fault_costs_s": costs}
+            "work_ettr": work / wall_s, "fault_costs_s": costs}
 
 
 def fault_spec(args):
@@ -256,6 +265,7 @@ def table(rows):
     lines = [("", names)]
     get = {name: rows[name].get("product") for name in names}
     lines.append(("ETTR (benchmark)", [_cell(rows[n]["ettr"]) for n in names]))
+    lines.append(("ETTR, work only", [_cell(rows[n]["work_ettr"]) for n in names]))
     lines.append(("goodput (product)", [_cell(get[n] and get[n].ratio) for n in names]))
     lines.append(("apart %", [_cell(rows[n].get("gap"), "{:.1%}") for n in names]))
     lines.append(("wall s (fit)", [_cell(rows[n]["wall_s"], "{:.1f}") for n in names]))
@@ -314,6 +324,7 @@ def main() -> None:
                         help="iteration: sync only, 30 steps, one kill, no hang/NaN/preempt, "
                              "no fault-free run")
     parser.add_argument("--interval-check", action="store_true")
+    parser.add_argument("--keep", default=None, help="keep the runs (event logs) under DIR")
     parser.add_argument("--kill-every-s", type=float, default=20.0)
     parser.add_argument("--prior-factor", type=float, default=4.0)
     args = parser.parse_args()
@@ -327,7 +338,9 @@ def main() -> None:
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
-    with tempfile.TemporaryDirectory(prefix="rg-bench-goodput-") as root:
+    keep = args.keep and contextlib.nullcontext(tempfile.mkdtemp(prefix="rg-bench-goodput-",
+                                                                  dir=args.keep))
+    with keep or tempfile.TemporaryDirectory(prefix="rg-bench-goodput-") as root:
         if args.interval_check:
             from bench_goodput_interval import interval_check  # beside this file
 

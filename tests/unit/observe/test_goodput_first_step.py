@@ -65,3 +65,29 @@ def test_the_step_timer_sends_begin_time_with_the_first_report_only():
     assert first is not None and first["begin_time"] == 100.0 and first["first_time"] == 101.0
     assert second is not None and "begin_time" not in second
     assert "begin_time" not in (StepTimer(interval_s=0.0).on_report(0, {}, 0.0) or {})
+
+
+def test_an_attempt_too_short_for_a_second_summary_is_timed_from_its_report_events():
+    """Attempt 1 sent only its first report's summary (no interval measured); its fault at
+    step 40, 16 s later with a 1 s commit between, times its steps: 0.5 s each."""
+    events = [ev(0, "start"), ev(1, "attempt_started", 0),
+              ev(6, "steps", 0, rank=0, first_step=0, last_step=50, first_time=T0 + 2,
+                 step_time_sum_s=25.0, intervals=50),
+              ev(30, "fault_injected", 0, step=55, fault="kill"), ev(31, "worker_died", 0),
+              ev(32, "restart", 0), ev(38, "attempt_started", 1), ev(38.5, "restored", 1, step=9),
+              ev(40, "steps", 1, rank=0, first_step=10, last_step=10, first_time=T0 + 40,
+                 step_time_sum_s=0.0, intervals=0),
+              ev(48, "checkpoint_committed", 1, step=19, seconds=1.0, blocked_s=1.0),
+              ev(55, "fault_injected", 1, step=40, fault="kill"), ev(56, "worker_died", 1),
+              ev(57, "restart", 1), ev(60, "attempt_started", 2),
+              ev(61, "steps", 2, rank=0, first_step=20, last_step=60, first_time=T0 + 61,
+                 step_time_sum_s=20.0, intervals=40), ev(90, "finished")]
+    g = goodput(events)
+    second = g.attempts[1]
+    assert second.step_time_s == pytest.approx((55 - 40 - 1.0) / 30)
+    # attempt 1 replays 10..40 of the 55 reached (31 steps) at that step time
+    assert second.replayed_steps == 31
+    # at most the attempt's window less its commit: all of it was replay, none new work
+    assert second.badput_s["replay"] == pytest.approx(min(31 * (14 / 30), 15 - 1.0))
+    assert second.productive_s == pytest.approx(0.0)
+    assert not any("replayed steps' time" in n for n in g.not_measured)
