@@ -15,8 +15,11 @@
   for a second step summary: timed from its first report to the last event recorded at a
   report, a fault, a NaN, a commit or a notice, less the checkpoints between).
 - ``checkpoint``: time the loop was blocked on checkpoints (``blocked_s`` of each commit).
-- ``stall``: the last progress to the watchdog's ``stall_detected`` (its timeout).
-- ``preemption``: a preemption notice to the worker's end (the urgent checkpoint, the drain).
+- ``stall``: the last progress to the watchdog's ``stall_detected`` (its
+  ``last_progress_time``; a log without it: its timeout).
+- ``preemption``: a preemption notice to the worker's end (the urgent checkpoint, the drain);
+  when the just-in-time checkpoint came at a later step than the notice, the steps between
+  are work, and preemption starts at ``preemption_checkpoint``.
 - ``other``: what no cause explains (a failure that ended the run, to its end; a finished
   run's last report to the end of ``fit()``).
 
@@ -184,6 +187,19 @@ def _first_step_start(first: float | None, steps: list[dict[str, Any]],
     return max(min(begun), first - step_time_s)
 
 
+def _preempted_end(evs: list[dict[str, Any]], failed: float | None) -> float | None:
+    """The end of a preempted attempt's work: the notice, or, when the just-in-time checkpoint
+    came at a later step, that checkpoint (the steps between were work it kept)."""
+    notice = next((e for e in evs if e.get("kind") == "preemption_notice"), None)
+    saved = next((e for e in evs if e.get("kind") == "preemption_checkpoint"), None)
+    if notice is None or saved is None or failed is None or _t(notice) != failed:
+        return failed
+    step, saved_step, t = _int(notice.get("step")), _int(saved.get("step")), _t(saved)
+    if step is None or saved_step is None or saved_step <= step or t is None or t <= failed:
+        return failed
+    return t
+
+
 def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _Attempt:
     a = _Attempt(number, evs)
     begun = next((e for e in evs if e.get("kind") == "attempt_started"), {})
@@ -206,12 +222,13 @@ def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _
     restored = next((e for e in evs if e.get("kind") == "restored"), None)
     a.restored_step = _int(restored.get("step")) if restored else None
     stall = next((e for e in evs if e.get("kind") == "stall_detected"), None)
-    a.failed = _t(stall) if stall is not None else _first(evs, *_SIGNS)
+    a.failed = _t(stall) if stall is not None else _preempted_end(evs, _first(evs, *_SIGNS))
     if stall is not None:
         timeout = _num(stall.get("timeout_s"))
-        if timeout is None:
+        since = _num(stall.get("last_progress_time"))
+        if timeout is None and since is None:
             notes.append(f"attempt {number}: the stall's timeout (stall_detected has no timeout_s)")
-        a.stall_s = max(timeout or 0.0, 0.0)
+        a.stall_s = max((a.failed or 0.0) - since if since is not None else timeout or 0.0, 0.0)
     a.died = _first(evs, "worker_died")
     a.preempted = any(e.get("kind") == "preemption_notice" for e in evs)
     for e in evs:

@@ -91,3 +91,37 @@ def test_an_attempt_too_short_for_a_second_summary_is_timed_from_its_report_even
     assert second.badput_s["replay"] == pytest.approx(min(31 * (14 / 30), 15 - 1.0))
     assert second.productive_s == pytest.approx(0.0)
     assert not any("replayed steps' time" in n for n in g.not_measured)
+
+
+def _hang(**stall: Any) -> list[dict[str, Any]]:
+    return [ev(0, "start"), ev(1, "attempt_started", 0),
+            ev(2, "steps", 0, rank=0, first_step=0, last_step=10, first_time=T0 + 2,
+               step_time_sum_s=5.0, intervals=10),
+            ev(20, "stall_detected", 0, step=10, timeout_s=5.0, **stall),
+            ev(21, "worker_died", 0), ev(30, "failed")]
+
+
+def test_a_stall_is_measured_from_the_last_progress_when_the_event_has_it():
+    assert goodput(_hang()).badput_s["stall"] == pytest.approx(5.0)  # the timeout: a bound
+    g = goodput(_hang(idle_s=5.3, last_progress_time=T0 + 14.5))
+    assert g.badput_s["stall"] == pytest.approx(5.5)  # the record came 0.2 s after the check
+    assert g.productive_s == pytest.approx(goodput(_hang()).productive_s - 0.5)
+
+
+def _preempted(saved_step: int) -> list[dict[str, Any]]:
+    return [ev(0, "start"), ev(1, "attempt_started", 0),
+            ev(2, "steps", 0, rank=0, first_step=0, last_step=20, first_time=T0 + 2,
+               step_time_sum_s=10.0, intervals=20),
+            ev(30, "preemption_notice", 0, step=20),
+            ev(32, "checkpoint_committed", 0, step=saved_step, seconds=1.0, blocked_s=1.0),
+            ev(32, "preemption_checkpoint", 0, step=saved_step),
+            ev(35, "worker_died", 0), ev(36, "restart", 0), ev(40, "attempt_started", 1),
+            ev(41, "steps", 1, rank=0, first_step=saved_step + 1, last_step=saved_step + 1,
+               first_time=T0 + 41, step_time_sum_s=0.0, intervals=0), ev(50, "finished")]
+
+
+def test_the_steps_between_a_notice_and_its_later_checkpoint_are_work():
+    same_step, later = goodput(_preempted(20)), goodput(_preempted(22))
+    assert same_step.badput_s["preemption"] == pytest.approx(5.0)  # the notice to the death
+    assert later.badput_s["preemption"] == pytest.approx(3.0)  # the checkpoint to the death
+    assert later.productive_s == pytest.approx(same_step.productive_s + 2.0)
