@@ -62,11 +62,11 @@ def _idle(decision: Decision) -> dict[str, float]:
     """``idle_s`` (no progress for) and ``last_progress_time`` (wall clock): the stall's
     measured length, for goodput (the timeout is its lower bound)."""
     verdict = decision.verdict
-    idle = getattr(verdict, "value", None)
-    if not isinstance(idle, (int, float)) or not isinstance(getattr(verdict, "time", None),
-                                                           (int, float)):
+    if verdict is None or not isinstance(verdict.value, (int, float)) \
+            or not isinstance(verdict.time, (int, float)):
         return {}
-    return {"idle_s": float(idle), "last_progress_time": float(verdict.time) - float(idle)}
+    return {"idle_s": float(verdict.value),
+            "last_progress_time": float(verdict.time) - float(verdict.value)}
 
 
 def watch_optimizer_steps(heartbeat: Any) -> Any:
