@@ -125,3 +125,19 @@ def test_the_steps_between_a_notice_and_its_later_checkpoint_are_work():
     assert same_step.badput_s["preemption"] == pytest.approx(5.0)  # the notice to the death
     assert later.badput_s["preemption"] == pytest.approx(3.0)  # the checkpoint to the death
     assert later.productive_s == pytest.approx(same_step.productive_s + 2.0)
+
+
+def test_a_restarts_last_step_counts_the_steps_a_raw_kill_left_unknown():
+    def log(**restart: Any) -> list[dict[str, Any]]:
+        return [ev(0, "start"), ev(1, "attempt_started", 0),
+                ev(2, "steps", 0, rank=0, first_step=0, last_step=0, first_time=T0 + 2,
+                   step_time_sum_s=0.0, intervals=0),
+                ev(7, "steps", 0, rank=0, first_step=1, last_step=10, first_time=T0 + 2.5,
+                   step_time_sum_s=5.0, intervals=10),
+                ev(12, "worker_died", 0), ev(13, "restart", 0, **restart),
+                ev(20, "attempt_started", 1), ev(20.5, "restored", 1, step=4),
+                ev(30, "steps", 1, rank=0, first_step=5, last_step=30, first_time=T0 + 21,
+                   step_time_sum_s=12.5, intervals=25), ev(40, "finished")]
+
+    assert goodput(log()).replayed_steps == 6  # 5..10: what the summaries showed
+    assert goodput(log(last_step=18, last_step_time=T0 + 11)).replayed_steps == 14  # 5..18
