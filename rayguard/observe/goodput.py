@@ -35,6 +35,14 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rayguard.observe.goodput_steps import event_time as _t
+from rayguard.observe.goodput_steps import first_step_start as _first_step_start
+from rayguard.observe.goodput_steps import integer as _int
+from rayguard.observe.goodput_steps import lead_steps as _steps_of
+from rayguard.observe.goodput_steps import number as _num
+from rayguard.observe.goodput_steps import span_step_time as _span_step_time
+from rayguard.observe.goodput_steps import step_time as _step_time
+
 CAUSES = ("startup", "restart", "replay", "checkpoint", "stall", "preemption", "other")
 """Every cause of badput, in the order they are shown."""
 
@@ -88,19 +96,6 @@ class Goodput:
         return out
 
 
-def _t(event: dict[str, Any]) -> float | None:
-    value = event.get("time")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _first(evs: list[dict[str, Any]], *kinds: str) -> float | None:
     times = [t for e in evs if e.get("kind") in kinds and (t := _t(e)) is not None]
     return min(times) if times else None
@@ -127,64 +122,6 @@ class _Attempt:
     step_time_s: float | None = None
     last_report: float | None = None  # the lead rank's last report (``last_time``)
     outcome: str = "running"
-
-
-def _steps_of(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The lead rank's (lowest rank's) step summaries of one attempt."""
-    steps = [e for e in evs if e.get("kind") == "steps" and _int(e.get("rank")) is not None]
-    if not steps:
-        return []
-    lead = min(int(e["rank"]) for e in steps)
-    return [e for e in steps if e["rank"] == lead]
-
-
-def _step_time(steps: list[dict[str, Any]]) -> float | None:
-    """Seconds per step: measured step time over the steps it covered."""
-    total = sum(_num(e.get("step_time_sum_s")) or 0.0 for e in steps)
-    intervals = sum(_int(e.get("intervals")) or 0 for e in steps)
-    firsts = [s for e in steps if (s := _int(e.get("first_step"))) is not None]
-    lasts = [s for e in steps if (s := _int(e.get("last_step"))) is not None]
-    if intervals <= 0:
-        return None
-    covered = (max(lasts) - min(firsts)) if firsts and lasts else 0
-    return total / covered if covered > 0 else total / intervals
-
-
-_REPORT_MARKS = ("fault_injected", "nan_detected", "checkpoint_committed", "preemption_notice")
-"""Kinds recorded at a report, with its step: two of them time the steps between."""
-
-
-def _span_step_time(evs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> float | None:
-    """Seconds per step of an attempt whose summaries measured no interval (it ended before
-    its second summary): its first report to the furthest later event recorded at a report
-    (a fault fired, a NaN found, a commit, a notice), less the checkpoints' blocked time
-    between, over the steps between."""
-    starts = [(t, s) for e in steps if (t := _num(e.get("first_time"))) is not None
-              and (s := _int(e.get("first_step"))) is not None]
-    if not starts:
-        return None
-    t0, s0 = min(starts)
-    later = [(s, t) for e in evs if e.get("kind") in _REPORT_MARKS
-             and (s := _int(e.get("step"))) is not None and s > s0
-             and (t := _t(e)) is not None and t > t0]
-    if not later:
-        return None
-    s1, t1 = max(later)
-    blocked = sum(max(_num(e.get("blocked_s", e.get("seconds"))) or 0.0, 0.0) for e in evs
-                  if e.get("kind") == "checkpoint_committed" and t0 < (_t(e) or t0) <= t1)
-    return max(t1 - t0 - blocked, 0.0) / (s1 - s0)
-
-
-def _first_step_start(first: float | None, steps: list[dict[str, Any]],
-                      step_time_s: float | None) -> float | None:
-    """When the attempt's first step began. The first report (``first_time``) ends it; when
-    the summary says when the loop got its state back (``begin_time``), the step is counted
-    as work at the attempt's measured time per step, never before ``begin_time`` (slower
-    first steps, a warm-up, stay in the start-up or the load)."""
-    begun = [b for e in steps if (b := _num(e.get("begin_time"))) is not None]
-    if first is None or not begun or step_time_s is None:
-        return first
-    return max(min(begun), first - step_time_s)
 
 
 def _preempted_end(evs: list[dict[str, Any]], failed: float | None) -> float | None:
