@@ -60,17 +60,23 @@ def _runs(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def failure_history(events: Iterable[dict[str, Any]], now: float | None = None) -> FailureHistory:
     """Seconds run and failures seen in a run directory's log (``now``: wall-clock time, the
-    end of the last run while it still runs)."""
-    runs = _runs(events)
-    observed, failures = 0.0, 0
-    for i, run in enumerate(runs):
-        times = [t for t in map(_time, run) if t is not None]
-        end = max(times)
-        if now is not None and i == len(runs) - 1:
-            end = max(end, now)
-        observed += end - min(times)
-        failures += sum(1 for e in run if e.get("kind") in FAILURE_KINDS)
-    return FailureHistory(observed, failures, len(runs))
+    end of the last run while it still runs). One pass over ``events`` in file order, in
+    constant memory (a stream of a long log is never held)."""
+    observed, failures, runs = 0.0, 0, 0
+    low = high = None
+    for event in events:
+        t = _time(event)
+        if t is None:
+            continue
+        if event.get("kind") == "start" or low is None:
+            if low is not None and high is not None:
+                observed += high - low
+            runs, low, high = runs + 1, t, t
+        low, high = min(low, t), max(high if high is not None else t, t)
+        failures += event.get("kind") in FAILURE_KINDS
+    if low is not None and high is not None:
+        observed += (high if now is None else max(high, now)) - low
+    return FailureHistory(observed, failures, runs)
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,21 @@ class StallResponder:
         detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
         try:
             self.link.record("stall_detected", detail, step=self.last_step(), wait=True,
-                             timeout_s=decision.threshold, bound=decision.check, stacks=path)
+                             timeout_s=decision.threshold, bound=decision.check, stacks=path,
+                             **_idle(decision))
         finally:
             self._kill()
+
+
+def _idle(decision: Decision) -> dict[str, float]:
+    """``idle_s`` (no progress for) and ``last_progress_time`` (wall clock): the stall's
+    measured length, for goodput (the timeout is its lower bound)."""
+    verdict = decision.verdict
+    if verdict is None or not isinstance(verdict.value, (int, float)) \
+            or not isinstance(verdict.time, (int, float)):
+        return {}
+    return {"idle_s": float(verdict.value),
+            "last_progress_time": float(verdict.time) - float(verdict.value)}
 
 
 def watch_optimizer_steps(heartbeat: Any) -> Any:

@@ -8,12 +8,18 @@
   (``worker_died`` to the controller starting the next group: ``group_start_time`` of the
   next ``attempt_started``), ``worker_start`` (to rank 0 beginning its set-up:
   ``setup_start_time``), ``setup`` (rayguard's set-up, to ``attempt_started``) and ``load``
-  (the restore and the first step: the first step summary's ``first_time``).
+  (the restore, to the first step: the first report, ``first_time``, less one measured
+  step when the summary has the time ``load_state`` returned, ``begin_time``).
 - ``replay``: steps an attempt ran again below the highest step reached before (from the
-  restored step), costed at that attempt's measured time per step.
+  restored step), costed at that attempt's measured time per step (an attempt too short
+  for a second step summary: timed from its first report to the last event recorded at a
+  report, a fault, a NaN, a commit or a notice, less the checkpoints between).
 - ``checkpoint``: time the loop was blocked on checkpoints (``blocked_s`` of each commit).
-- ``stall``: the last progress to the watchdog's ``stall_detected`` (its timeout).
-- ``preemption``: a preemption notice to the worker's end (the urgent checkpoint, the drain).
+- ``stall``: the last progress to the watchdog's ``stall_detected`` (its
+  ``last_progress_time``; a log without it: its timeout).
+- ``preemption``: a preemption notice to the worker's end (the urgent checkpoint, the drain);
+  when the just-in-time checkpoint came at a later step than the notice, the steps between
+  are work, and preemption starts at ``preemption_checkpoint``.
 - ``other``: what no cause explains (a failure that ended the run, to its end; a finished
   run's last report to the end of ``fit()``).
 
@@ -28,6 +34,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from rayguard.observe.goodput_steps import event_time as _t
+from rayguard.observe.goodput_steps import first_step_start as _first_step_start
+from rayguard.observe.goodput_steps import integer as _int
+from rayguard.observe.goodput_steps import lead_steps as _steps_of
+from rayguard.observe.goodput_steps import number as _num
+from rayguard.observe.goodput_steps import span_step_time as _span_step_time
+from rayguard.observe.goodput_steps import step_time as _step_time
 
 CAUSES = ("startup", "restart", "replay", "checkpoint", "stall", "preemption", "other")
 """Every cause of badput, in the order they are shown."""
@@ -82,19 +96,6 @@ class Goodput:
         return out
 
 
-def _t(event: dict[str, Any]) -> float | None:
-    value = event.get("time")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _first(evs: list[dict[str, Any]], *kinds: str) -> float | None:
     times = [t for e in evs if e.get("kind") in kinds and (t := _t(e)) is not None]
     return min(times) if times else None
@@ -123,25 +124,17 @@ class _Attempt:
     outcome: str = "running"
 
 
-def _steps_of(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The lead rank's (lowest rank's) step summaries of one attempt."""
-    steps = [e for e in evs if e.get("kind") == "steps" and _int(e.get("rank")) is not None]
-    if not steps:
-        return []
-    lead = min(int(e["rank"]) for e in steps)
-    return [e for e in steps if e["rank"] == lead]
-
-
-def _step_time(steps: list[dict[str, Any]]) -> float | None:
-    """Seconds per step: measured step time over the steps it covered."""
-    total = sum(_num(e.get("step_time_sum_s")) or 0.0 for e in steps)
-    intervals = sum(_int(e.get("intervals")) or 0 for e in steps)
-    firsts = [s for e in steps if (s := _int(e.get("first_step"))) is not None]
-    lasts = [s for e in steps if (s := _int(e.get("last_step"))) is not None]
-    if intervals <= 0:
-        return None
-    covered = (max(lasts) - min(firsts)) if firsts and lasts else 0
-    return total / covered if covered > 0 else total / intervals
+def _preempted_end(evs: list[dict[str, Any]], failed: float | None) -> float | None:
+    """The end of a preempted attempt's work: the notice, or, when the just-in-time checkpoint
+    came at a later step, that checkpoint (the steps between were work it kept)."""
+    notice = next((e for e in evs if e.get("kind") == "preemption_notice"), None)
+    saved = next((e for e in evs if e.get("kind") == "preemption_checkpoint"), None)
+    if notice is None or saved is None or failed is None or _t(notice) != failed:
+        return failed
+    step, saved_step, t = _int(notice.get("step")), _int(saved.get("step")), _t(saved)
+    if step is None or saved_step is None or saved_step <= step or t is None or t <= failed:
+        return failed
+    return t
 
 
 def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _Attempt:
@@ -158,17 +151,21 @@ def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _
     a.last_step = max((s for e in steps if (s := _int(e.get("last_step"))) is not None),
                       default=None)
     a.step_time_s = _step_time(steps)
+    if a.step_time_s is None:
+        a.step_time_s = _span_step_time(evs, steps)
+    a.first = _first_step_start(a.first, steps, a.step_time_s)
     a.last_report = max((x for e in steps if (x := _num(e.get("last_time"))) is not None),
                         default=None)
     restored = next((e for e in evs if e.get("kind") == "restored"), None)
     a.restored_step = _int(restored.get("step")) if restored else None
     stall = next((e for e in evs if e.get("kind") == "stall_detected"), None)
-    a.failed = _t(stall) if stall is not None else _first(evs, *_SIGNS)
+    a.failed = _t(stall) if stall is not None else _preempted_end(evs, _first(evs, *_SIGNS))
     if stall is not None:
         timeout = _num(stall.get("timeout_s"))
-        if timeout is None:
+        since = _num(stall.get("last_progress_time"))
+        if timeout is None and since is None:
             notes.append(f"attempt {number}: the stall's timeout (stall_detected has no timeout_s)")
-        a.stall_s = max(timeout or 0.0, 0.0)
+        a.stall_s = max((a.failed or 0.0) - since if since is not None else timeout or 0.0, 0.0)
     a.died = _first(evs, "worker_died")
     a.preempted = any(e.get("kind") == "preemption_notice" for e in evs)
     for e in evs:
@@ -233,7 +230,8 @@ def _carve(window: float, a: _Attempt, prev_max: int | None,
     start = a.first_step if a.first_step is not None else (
         a.restored_step + 1 if a.restored_step is not None else None)
     if prev_max is not None and start is not None:
-        top = prev_max if a.last_step is None else min(prev_max, a.last_step)
+        reached = _reached(a)
+        top = prev_max if reached is None else min(prev_max, reached)
         replayed = max(top - start + 1, 0)
     if replayed and a.step_time_s is not None:
         spent = min(replayed * a.step_time_s, left)

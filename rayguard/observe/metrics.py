@@ -100,10 +100,11 @@ def event_updates(event: dict[str, Any]) -> list[Update]:
         out = [_u("checkpoints_committed")]
         if isinstance(event.get("bytes"), (int, float)):
             out.append(_u("checkpoint_bytes", event["bytes"]))
-        seconds = event.get("seconds")
-        if isinstance(seconds, (int, float)):
-            out += [_u("checkpoint_seconds", seconds, phase="blocked"),
-                    _u("checkpoint_seconds", seconds, phase="total")]
+        seconds, blocked = event.get("seconds"), event.get("blocked_s", event.get("seconds"))
+        if isinstance(blocked, (int, float)):  # the loop blocked (async: snapshot, back-pressure)
+            out.append(_u("checkpoint_seconds", blocked, phase="blocked"))
+        if isinstance(seconds, (int, float)):  # the save to its commit
+            out.append(_u("checkpoint_seconds", seconds, phase="total"))
         return out
     return []
 

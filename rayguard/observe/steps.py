@@ -32,7 +32,16 @@ class StepTimer:
         self._last_report: float | None = None
         self._last_sent: float | None = None
         self._stride = 1
+        self._begin_time: float | None = None
         self._reset()
+
+    def begin(self) -> None:
+        """The loop got its state back (``load_state`` returned): its first step begins no
+        earlier than now. Sent as ``begin_time`` with the summary of the first report, so
+        that the goodput planner can count the first step as work (see
+        :mod:`rayguard.observe.goodput`); ignored once a report was made."""
+        if self._last_report is None:
+            self._begin_time = self._wall()
 
     def _reset(self) -> None:
         self.reports = 0
@@ -44,6 +53,7 @@ class StepTimer:
         self.first_step: int | None = None
         self.last_step: int | None = None
         self.first_time: float | None = None
+        self.begin_time: float | None = None
         self.last_time: float | None = None
         self.samples: list[list[float]] = []
         self._seen = 0
@@ -65,6 +75,7 @@ class StepTimer:
         if self.first_step is None:
             self.first_step = step
             self.first_time = self._wall()
+            self.begin_time, self._begin_time = self._begin_time, None
         self.last_step = step
         self.last_time = self._wall()  # the loop's last report: where a finished run's work ends
         self._sample(step, metrics)
@@ -97,6 +108,7 @@ class StepTimer:
             "blocked_sum_s": self.blocked_sum_s, "blocked_max_s": self.blocked_max_s,
             "first_step": self.first_step, "last_step": self.last_step,
             "first_time": self.first_time, "last_time": self.last_time,
+            **({"begin_time": self.begin_time} if self.begin_time is not None else {}),
             "metric": self.metric, "samples": self.samples,
         }
         self._reset()

@@ -64,6 +64,8 @@ class RunCoordinator:
             self._commits[attempt] = self._commits.get(attempt, 0) + 1
             if isinstance(event.get("step"), int):
                 self._commit_steps.append(event["step"])
+        if event.get("kind") == "restart":
+            self._stamp_progress(event)
         if event.get("kind") in NOTABLE_KINDS:
             self._notable.append(event)
         if event.get("kind") == "attempt_started" and event["attempt"] in self._group_started:
@@ -72,6 +74,16 @@ class RunCoordinator:
         self._observer.annotate(event)
         self._log.append(event)
         self._observer.emit(event)
+
+    def _stamp_progress(self, event: dict[str, Any]) -> None:
+        """A restart says the last step rank 0 reported in the attempt that failed
+        (``last_step``, ``last_step_time``: sent every few seconds, fresher than the last
+        step summary), so that goodput knows more of the steps the next attempt replays."""
+        progress = self._progress
+        step = progress.get("step")
+        if progress.get("attempt") == event.get("attempt") and isinstance(step, int):
+            event.setdefault("last_step", step)
+            event.setdefault("last_step_time", progress.get("time"))
 
     def step_summary(self, summary: dict[str, Any]) -> None:
         """A rank's step timing since its last summary (fire-and-forget from the worker):

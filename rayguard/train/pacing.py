@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Iterator
+from itertools import chain
+from typing import TYPE_CHECKING, Any
 
 from rayguard.checkpoint.interval import (
     DEFAULT_MTBF_S,
@@ -26,6 +28,9 @@ from rayguard.checkpoint.interval_advice import FailureHistory, failure_history
 from rayguard.config import CheckpointConfig
 from rayguard.train.agreement import Flags
 
+if TYPE_CHECKING:
+    from rayguard.events.lines import EventSource
+
 logger = logging.getLogger("rayguard")
 
 
@@ -34,14 +39,45 @@ def bounds_of(config: CheckpointConfig) -> IntervalBounds:
                           DEFAULT_MTBF_S if config.mtbf_s is None else config.mtbf_s)
 
 
+_HISTORY_TOKENS = (b'"start"', b'"restart"')
+"""A line holding neither cannot be a ``start`` or ``restart`` event: it is not parsed."""
+
+
+def history_events(source: EventSource) -> Iterator[dict[str, Any]]:
+    """The events of a log that its failure history needs, in file order: the first and the
+    last, every ``start`` and ``restart``, and the event before each (the end of a run).
+    Streamed: memory bounded by a line, and only those lines are parsed (rank 0 reads this
+    at set-up; a long run's log has 100 000s of lines)."""
+    from rayguard.events.lines import LineReader
+    from rayguard.events.read import parse_line
+
+    reader = LineReader(source)
+    first, prev = True, None
+    for line in chain(reader.read(), (reader.finish(),)):
+        if line is None or not line.strip():
+            continue
+        if first or any(token in line for token in _HISTORY_TOKENS):
+            for raw in (prev, line):
+                event = None if raw is None else parse_line(raw)
+                if event is not None:
+                    yield event
+            first, prev = False, None
+        else:
+            prev = line
+    event = None if prev is None else parse_line(prev)
+    if event is not None:
+        yield event
+
+
 def read_history(run_dir: str, filesystem: Any, attempt: int) -> FailureHistory:
     """The run directory's failure history (at least this attempt's failures: the restart
     events of this run may not be in the log yet). Never raises: an unreadable log gives
     this attempt's number and no run time."""
     try:
-        from rayguard.events import read
+        from rayguard.events.read import run_source
 
-        history = failure_history(read(run_dir, filesystem), now=time.time())
+        history = failure_history(history_events(run_source(run_dir, filesystem)),
+                                  now=time.time())
     except Exception as exc:
         logger.debug("rayguard: no failure history from the event log: %s", exc)
         return FailureHistory(0.0, attempt, 0)

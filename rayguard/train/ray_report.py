@@ -16,6 +16,10 @@ per-worker object (through :mod:`rayguard._ray.report`), so that:
   at the run's coordinator, and the lowest reporting rank writes rayguard's manifest into its
   directory before Ray persists it (:mod:`rayguard.checkpoint.reported`). With
   ``checkpoint_upload_mode=ASYNC`` the hashing runs in Ray's upload thread, off the loop;
+* **every report is paced**: with ``CheckpointConfig(interval=True)`` rank 0's checkpoint
+  interval flag rides on the per-report agreement, so ``rayguard.train.should_checkpoint()``
+  turns True at the Young/Daly interval in these loops too (the cost weighed is the report's
+  own time, sealing and upload: the loop's save before the report is not seen);
 * **every resume is verified**: ``ray.train.get_checkpoint()`` returns the newest reported
   checkpoint that verifies; damaged ones are rejected (``checkpoint_rejected``,
   ``rayguard_rejected.json``) and never offered again. One rank chooses per attempt, the
@@ -88,6 +92,8 @@ class Observer(Protocol):
 
     def observed(self, metrics: dict[str, Any], step: int, seconds: float) -> None: ...
 
+    def paced(self, *, checkpointed: bool, seconds: float) -> None: ...
+
 
 class RayReportBridge:
     """What rayguard does around one worker's ``ray.train.report``/``get_checkpoint``:
@@ -133,7 +139,9 @@ class RayReportBridge:
         self.forwarder.wait(future, link.progress)
         if writer:
             self._persisted(step, checkpoint.path)
-        observer.observed(observed, step, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        observer.paced(checkpointed=checkpoint is not None, seconds=seconds)
+        observer.observed(observed, step, seconds)
 
     def _sealing_upload(self, tag: str, directory: str, step: int, user_upload: Any, *,
                         in_loop: bool) -> Any:

@@ -93,6 +93,19 @@ class WorkerSession:
         if summary is not None:
             self._send_summary(summary)
 
+    def paced(self, *, checkpointed: bool, seconds: float) -> None:
+        """A ``ray.train.report`` was handled (every rank makes it: Ray's report is a
+        collective). With ``CheckpointConfig(interval=True)`` rank 0's interval flag rides on
+        the agreement here too, so ``should_checkpoint()`` works in such loops;
+        ``checkpointed``: this rank passed a checkpoint, ``seconds``: the report's time (the
+        cost the policy weighs: sealing and Ray's upload, not the loop's own save before)."""
+        if not self.guard.checkpoint.interval:
+            return
+        flags = self.agreement.agree(Flags(state=checkpointed,
+                                           interval=self.pacing.local_flag()))
+        self.pacing.after_report(flags, saved=flags.state,
+                                 cost_s=seconds if flags.state else None)
+
     def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
                sharded: Any = None) -> None:
         started = time.perf_counter()
@@ -126,6 +139,7 @@ class WorkerSession:
         restored = self.checkpointer.load(sharded, load_count=self.load_count,
                                           on_chosen=self._loading)
         self.watchdog.heartbeat()
+        self.timer.begin()
         if restored is None:
             return None
         if restored.step is not None:

@@ -116,3 +116,13 @@ def test_a_restarts_cause_and_metric_come_from_the_classified_worker_died():
         obs.emit(event)
     assert event["cause"] == "oom"
     assert [dict(u.tags) for u in metrics.updates if u.name == "rayguard_restarts"] == [{"cause": "oom"}]
+
+
+def test_checkpoint_seconds_blocked_is_what_the_loop_waited_total_is_the_whole_save():
+    updates = event_updates(_ev("checkpoint_committed", seconds=3.0, blocked_s=0.25,
+                                mode="async"))
+    by_phase = {dict(u.tags)["phase"]: u.value for u in updates
+                if u.name == "rayguard_checkpoint_seconds"}
+    assert by_phase == {"blocked": 0.25, "total": 3.0}
+    sync = event_updates(_ev("checkpoint_committed", seconds=0.5))  # no blocked_s: the whole
+    assert sorted(u.value for u in sync if u.name == "rayguard_checkpoint_seconds") == [0.5, 0.5]

@@ -62,3 +62,16 @@ def test_the_same_step_twice_prints_once():
     assert next_line((1, 70, 30.0), {"step": 70, "time": 31.0, "attempt": 1}) is None
     line, _ = next_line((0, 70, 30.0), {"step": 70, "time": 31.0, "attempt": 1})
     assert line.startswith("step 70")
+
+
+def test_a_restart_says_the_last_step_rank_0_reported_in_the_failed_attempt(tmp_path):
+    c = coordinator(tmp_path)
+    c.new_attempt()
+    c.progress({"step": 41, "metrics": {}, "time": 12.5, "world_size": 2})
+    restart = {"kind": "restart", "detail": "", "attempt": 0, "time": 20.0}
+    c.record(restart)
+    assert restart["last_step"] == 41 and restart["last_step_time"] == 12.5
+    c.new_attempt()  # attempt 1 has reported nothing yet: its restart says nothing
+    quiet = {"kind": "restart", "detail": "", "attempt": 1, "time": 30.0}
+    c.record(quiet)
+    assert "last_step" not in quiet

@@ -1,0 +1,81 @@
+"""The step figures of one attempt for the goodput planner (pure, no Ray): the lead rank's
+step summaries, the time per step, and when the first step began
+(:mod:`rayguard.observe.goodput`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def event_time(event: dict[str, Any]) -> float | None:
+    """An event's ``time`` (``None``: missing or not a number)."""
+    value = event.get("time")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a float when it is a number (not a bool), else ``None``."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def integer(value: Any) -> int | None:
+    """``value`` when it is an int (not a bool), else ``None``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def lead_steps(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lead rank's (lowest rank's) step summaries of one attempt."""
+    steps = [e for e in evs if e.get("kind") == "steps" and integer(e.get("rank")) is not None]
+    if not steps:
+        return []
+    lead = min(int(e["rank"]) for e in steps)
+    return [e for e in steps if e["rank"] == lead]
+
+
+def step_time(steps: list[dict[str, Any]]) -> float | None:
+    """Seconds per step: measured step time over the steps it covered."""
+    total = sum(number(e.get("step_time_sum_s")) or 0.0 for e in steps)
+    intervals = sum(integer(e.get("intervals")) or 0 for e in steps)
+    firsts = [s for e in steps if (s := integer(e.get("first_step"))) is not None]
+    lasts = [s for e in steps if (s := integer(e.get("last_step"))) is not None]
+    if intervals <= 0:
+        return None
+    covered = (max(lasts) - min(firsts)) if firsts and lasts else 0
+    return total / covered if covered > 0 else total / intervals
+
+
+_REPORT_MARKS = ("fault_injected", "nan_detected", "checkpoint_committed", "preemption_notice")
+"""Kinds recorded at a report, with its step: two of them time the steps between."""
+
+
+def span_step_time(evs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> float | None:
+    """Seconds per step of an attempt whose summaries measured no interval (it ended before
+    its second summary): its first report to the furthest later event recorded at a report
+    (a fault fired, a NaN found, a commit, a notice), less the checkpoints' blocked time
+    between, over the steps between."""
+    starts = [(t, s) for e in steps if (t := number(e.get("first_time"))) is not None
+              and (s := integer(e.get("first_step"))) is not None]
+    if not starts:
+        return None
+    t0, s0 = min(starts)
+    later = [(s, t) for e in evs if e.get("kind") in _REPORT_MARKS
+             and (s := integer(e.get("step"))) is not None and s > s0
+             and (t := event_time(e)) is not None and t > t0]
+    if not later:
+        return None
+    s1, t1 = max(later)
+    blocked = sum(max(number(e.get("blocked_s", e.get("seconds"))) or 0.0, 0.0) for e in evs
+                  if e.get("kind") == "checkpoint_committed" and t0 < (event_time(e) or t0) <= t1)
+    return max(t1 - t0 - blocked, 0.0) / (s1 - s0)
+
+
+def first_step_start(first: float | None, steps: list[dict[str, Any]],
+                      step_time_s: float | None) -> float | None:
+    """When the attempt's first step began. The first report (``first_time``) ends it; when
+    the summary says when the loop got its state back (``begin_time``), the step is counted
+    as work at the attempt's measured time per step, never before ``begin_time`` (slower
+    first steps, a warm-up, stay in the start-up or the load)."""
+    begun = [b for e in steps if (b := number(e.get("begin_time"))) is not None]
+    if first is None or not begun or step_time_s is None:
+        return first
+    return max(min(begun), first - step_time_s)

@@ -1,0 +1,80 @@
+"""``bench_goodput.py --interval-check``: the checkpoint interval by the numbers on a real run.
+
+Rank 1 is killed every ``--kill-every-s`` seconds of wall time (the benchmark's loop kills
+itself: the faults come by the clock, not at a step). First a ``paced`` run: RobustTrainer
+(sync) whose loop checkpoints when ``should_checkpoint()`` says, with a prior
+``CheckpointConfig(mtbf_s=)`` of ``--prior-factor`` times the true MTBF (wrong on purpose:
+the policy must learn the rate from the run's failures). Its event log gives the measured
+checkpoint cost ``C`` (the commits' ``blocked_s``) and the interval it chose (the gap
+between two commits of the same attempt, less the save itself), from its second attempt on
+(the first has seen no failure yet and holds to the prior). Daly's optimum is
+``daly_interval(C, MTBF)`` for the true MTBF. Then three fixed intervals, 1/4, 1 and 4 times
+that optimum (a checkpoint every so many steps), run the same loop and the same faults; the
+benchmark's own ETTR of each (from the loop's marks) is printed beside the paced run's.
+The product's figure is printed too, but here it is an upper bound: the loop's own kills
+leave no event at the step they came, so the steps since rank 0's last progress are
+replayed unseen.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+
+def chosen_intervals(events):
+    """Per attempt, the intervals the paced run kept between two commits (less the save)."""
+    by_attempt = {}
+    for e in sorted(events, key=lambda e: e.get("time", 0.0)):
+        if e.get("kind") == "checkpoint_committed" and isinstance(e.get("attempt"), int):
+            by_attempt.setdefault(e["attempt"], []).append(e)
+    out = {}
+    for attempt, commits in by_attempt.items():
+        out[attempt] = [b["time"] - a["time"] - float(b.get("blocked_s", 0.0))
+                        for a, b in zip(commits[:-1], commits[1:], strict=True)]
+    return out
+
+
+def costs(events):
+    return [float(e["blocked_s"]) for e in events
+            if e.get("kind") == "checkpoint_committed" and "blocked_s" in e]
+
+
+def interval_check(args, root, run_once):
+    from rayguard.checkpoint.interval import daly_interval
+    from rayguard.events import read
+
+    mtbf = args.kill_every_s
+    args.mtbf_s = args.prior_factor * mtbf
+    args.kills, args.hang, args.nan, args.preempt = [], -1, -1, -1
+    extra = {"kill_every_s": mtbf}
+    paced = run_once("paced", args, root, faults=False, extra=extra)
+    events = read(paced["run_dir"])
+    cost = statistics.mean(costs(events))
+    optimum = daly_interval(cost, mtbf)
+    chosen = chosen_intervals(events)
+    later = [g for attempt, gaps in chosen.items() if attempt >= 1 for g in gaps]
+    print(f"measured checkpoint cost {cost:.3f} s, true MTBF {mtbf:.0f} s (prior "
+          f"{args.mtbf_s:.0f} s): Daly's optimum {optimum:.2f} s", flush=True)
+    for attempt, gaps in sorted(chosen.items()):
+        shown = ", ".join(f"{g:.2f}" for g in gaps) or "-"
+        ratio = f" ({statistics.mean(gaps) / optimum:.2f}x the optimum)" if gaps else ""
+        print(f"  attempt {attempt}: intervals kept {shown} s{ratio}", flush=True)
+    rows = {"paced": paced}
+    for factor in (0.25, 1.0, 4.0):
+        every = max(1, round(factor * optimum / args.step_s))
+        rows[f"every {every} steps ({factor:g}x)"] = run_once(
+            "sync", args, root, faults=False, every=every, extra=extra)
+    for name, row in rows.items():
+        g = row.get("product")
+        print(f"{name:26s} ETTR {row['ettr']:.3f} (product {g.ratio:.3f})  wall "
+              f"{row['wall_s']:.1f} s  kills {len(row['fault_costs_s'])}", flush=True)
+    if later:
+        mean = statistics.mean(later)
+        print(f"chosen interval (attempts >= 1) {mean:.2f} s = {mean / optimum:.2f}x Daly's "
+              f"optimum: {'within' if abs(mean / optimum - 1) <= 0.2 else 'NOT within'} 20%")
+    else:
+        print("chosen interval: no two commits in an attempt after the first failure")
+    best = max((r["ettr"], n) for n, r in rows.items() if n != "paced")
+    verdict = "at least" if paced["ettr"] >= best[0] else "below"
+    print(f"paced goodput {paced['ettr']:.3f} is {verdict} the best fixed interval's "
+          f"({best[1]}: {best[0]:.3f})")
