@@ -21,8 +21,11 @@ persist time, and never due while a checkpoint is in flight.
 
 ``T``: seconds the run directory has run (earlier runs and this one), ``k``: failures seen
 in them (restarts), ``prior``: ``CheckpointConfig(mtbf_s)`` (default 24 h), ``w``: the
-prior's weight in failures (:data:`PRIOR_WEIGHT`). With no failure, ``M`` starts at the
-prior and grows with ``T``; with failures every ``N`` seconds it tends to ``N``.
+prior's weight in failures (:data:`PRIOR_WEIGHT`); with failures every ``N`` seconds it
+tends to ``N``. With no failure seen yet, ``M = prior + T``: the run's failure-free time adds
+to the prior second for second. (The formula above would add ``T / w``, twenty seconds per
+second: a failure-free minute would claim a twenty-minute MTBF, and a run whose faults come
+every few minutes took one checkpoint and then none until its first fault.)
 
 Pure: no Ray, the clock is injected. The worker's adapter is :mod:`rayguard.train.pacing`.
 """
@@ -58,7 +61,10 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
 
 def estimate_mtbf(observed_s: float, failures: int, *, prior_s: float = DEFAULT_MTBF_S,
                   prior_weight: float = PRIOR_WEIGHT) -> float:
-    """``(w * prior + T) / (w + k)`` (see the module docstring)."""
+    """``(w * prior + T) / (w + k)``; ``prior + T`` before the first failure (see the
+    module docstring)."""
+    if failures <= 0:
+        return prior_s + max(0.0, observed_s)
     return (prior_weight * prior_s + max(0.0, observed_s)) / (prior_weight + max(0, failures))
 
 

@@ -46,6 +46,14 @@ def test_the_mtbf_starts_at_the_prior_and_tends_to_the_observed_rate():
     assert estimate_mtbf(10 * 600, 10, prior_s=600) == pytest.approx(600)  # a true prior stays exact
 
 
+def test_a_failure_free_stretch_adds_to_the_prior_second_for_second():
+    # not T / PRIOR_WEIGHT: 13 s without a fault must not claim a 260 s longer MTBF
+    assert estimate_mtbf(13, 0, prior_s=80) == pytest.approx(93)
+    assert estimate_mtbf(0, 0, prior_s=80) == 80
+    # the first failure brings the estimate down to what was seen
+    assert estimate_mtbf(20, 1, prior_s=80) < estimate_mtbf(20, 0, prior_s=80) / 3
+
+
 def test_bounds_and_the_first_interval():
     bounds = IntervalBounds(min_interval_s=60, max_interval_s=3600)
     assert bounded_interval(None, 86400, bounds) == 60  # no cost yet: soon, to measure it
