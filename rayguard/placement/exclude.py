@@ -61,15 +61,16 @@ def exclude_nodes(selectors: Sequence[dict[str, str]] | dict[str, str] | None,
     per worker). With no node excluded it is returned as a per-worker list unchanged
     (``None`` stays ``None``)."""
     nodes = frozenset(excluded)
+    per_worker: list[Any]
     if isinstance(selectors, dict):
-        per_worker: list[Any] = [selectors] * num_workers
+        per_worker = [selectors] * num_workers
     elif selectors is None:
         if not nodes:
             return None
         per_worker = [None] * num_workers
     else:
-        per_worker = list(selectors)[:num_workers]
-        per_worker += [None for _ in range(num_workers - len(per_worker))]
+        given: list[Any] = list(selectors)[:num_workers]
+        per_worker = given + [None] * (num_workers - len(given))
     return [merge_one(s, nodes, i, label) for i, s in enumerate(per_worker)]
 
 
