@@ -17,12 +17,10 @@ import time
 from typing import Any
 
 from rayguard._ray.train import FixedScalingPolicy, NoopDecision, resources_per_worker
+from rayguard.events import make_event
 from rayguard.placement.exclude import workers_that_fit
 
 logger = logging.getLogger("rayguard")
-
-WAIT_KEY = "placement_wait"
-"""Coordinator key holding the message of a run waiting for admitted capacity (or None)."""
 
 WAIT_POLL_S = 1.0
 """How often a waiting fixed-size run looks at the cluster again."""
@@ -83,7 +81,8 @@ def wait_message(num_workers: int, room: int, quarantined: dict[str, dict[str, A
 
 class FencedFixedPolicy(FixedScalingPolicy):
     """Ray's fixed-size policy that waits (``NoopDecision``) while the nodes not quarantined
-    cannot hold the group, saying why once every 30 s."""
+    cannot hold the group: one ``placement_wait`` event (a console line) when the wait
+    starts, a log line every 30 s while it lasts."""
 
     def __init__(self, scaling_config: Any, fence: FenceView, run_dir: str = "RUN_DIR") -> None:
         super().__init__(scaling_config)
@@ -104,22 +103,24 @@ class FencedFixedPolicy(FixedScalingPolicy):
                 return NoopDecision()
         if self._waiting:
             self._waiting = False
-            self._put(None)
             logger.info("rayguard: the admitted nodes hold the worker group again; starting it")
         return super().make_decision_for_non_running_worker_group()
 
     def _wait(self, num_workers: int, room: int) -> None:
         now = time.monotonic()
         if not self._waiting or now - self._said >= WAIT_LOG_INTERVAL_S:
-            message = wait_message(num_workers, room, self.fence.reasons(), self.run_dir)
+            quarantined = self.fence.reasons()
+            message = wait_message(num_workers, room, quarantined, self.run_dir)
             logger.warning("rayguard: %s", message)
-            self._put(message)
+            if not self._waiting:
+                self._record(make_event("placement_wait", message, wanted=num_workers,
+                                        room=room, quarantined=sorted(quarantined)))
             self._said = now
         self._waiting = True
         time.sleep(WAIT_POLL_S)  # the controller asks again at once: do not spin
 
-    def _put(self, message: str | None) -> None:
+    def _record(self, event: dict[str, Any]) -> None:
         try:
-            self.fence.coordinator.put.remote(WAIT_KEY, message)
+            self.fence.coordinator.record.remote(event)
         except Exception as exc:
             logger.debug("rayguard: could not record the wait: %s", exc)
