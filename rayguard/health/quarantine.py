@@ -70,10 +70,10 @@ class Quarantined:
     def attempts(self) -> tuple[int, ...]:
         return tuple(f.attempt for f in self.failures)
 
-    def describe(self) -> str:
+    def describe(self, run_dir: str = "RUN_DIR") -> str:
         return (f"node {self.node[:12]} quarantined ({self.reason}): failures in attempt(s) "
                 f"{', '.join(map(str, self.attempts))}; later worker groups leave it out "
-                f"(lift: rayguard quarantine lift RUN_DIR {self.node[:12]})")
+                f"(lift: rayguard quarantine lift {run_dir} {self.node[:12]})")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ controller asks :meth:`NodeFence.excluded`, which re-reads that file: a node a p
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -98,7 +99,8 @@ class NodeFence:
 
     # -- helpers ---------------------------------------------------------------------------
     def _event(self, q: Quarantined) -> dict[str, Any]:
-        return make_event("node_quarantined", q.describe(), node=q.node, reason=q.reason,
+        run_dir = os.path.dirname(self.path) if self.path else "RUN_DIR"
+        return make_event("node_quarantined", q.describe(run_dir), node=q.node, reason=q.reason,
                           rank=q.failures[-1].rank, attempts=list(q.attempts),
                           failures=[f.to_dict() for f in q.failures],
                           quarantined_nodes=len(self._quarantined))

@@ -58,7 +58,7 @@ def test_a_node_whose_workers_keep_dying_is_quarantined_and_the_run_moves(no_ray
             run_config=RunConfig(storage_path=str(tmp_path), name="fence",
                                  failure_config=FailureConfig(max_failures=3)),
             guard_config=rayguard.GuardConfig(
-                numa="off", preflight=False, progress_interval_s=0,
+                numa="off", preflight=False,
                 health=rayguard.HealthConfig(quarantine_after=2)))
         thread = cluster.fit_in_background(trainer)
         waits = wait_for(lambda: [e for e in _events(run_dir) if e["kind"] == "placement_wait"],
