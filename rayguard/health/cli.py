@@ -32,31 +32,41 @@ def register(subparsers: Any) -> None:
     p_lift.add_argument("run_dir", help="run directory (Result.path)")
     p_lift.add_argument("nodes", nargs="*", help="node ids (or unique prefixes of >= 6 chars)")
     p_lift.add_argument("--all", action="store_true", help="lift every quarantined node")
+    p_lift.add_argument("--json", action="store_true",
+                        help='print {"ok", "lifted"} or {"ok": false, "error"} as JSON')
     p_lift.set_defaults(func=cmd_lift)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def _path(run_dir: str) -> str | None:
+def _fail(args: argparse.Namespace, message: str, code: int = 2) -> int:
+    """Report an error: on stderr, or as ``{"ok": false, "error"}`` under ``--json``."""
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "error": message}))
+    else:
+        print(f"rayguard quarantine: {inert(message)}", file=sys.stderr)
+    return code
+
+
+def _path(args: argparse.Namespace) -> str | None:
+    run_dir = args.run_dir
     if "://" in run_dir:
-        print(f"rayguard quarantine: {inert(run_dir)} is remote; the quarantine file is kept "
-              "only in local run directories", file=sys.stderr)
+        _fail(args, f"{run_dir} is remote; the quarantine file is kept only in local run "
+              "directories")
         return None
     if not os.path.isdir(run_dir):
-        print(f"rayguard quarantine: no directory {inert(run_dir)}. Fix: pass the run "
-              "directory (Result.path)", file=sys.stderr)
+        _fail(args, f"no directory {run_dir}. Fix: pass the run directory (Result.path)")
         return None
     return str(quarantine_file.quarantine_path(run_dir))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    path = _path(args.run_dir)
+    path = _path(args)
     if path is None:
         return 2
     try:
         state = quarantine_file.read(path)
     except (OSError, ValueError) as exc:
-        print(f"rayguard quarantine: {inert(exc)}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc))
     if args.json:
         print(json.dumps(state, sort_keys=True))
         return 0
@@ -82,21 +92,20 @@ def format_state(state: dict[str, Any]) -> str:
 
 
 def cmd_lift(args: argparse.Namespace) -> int:
-    path = _path(args.run_dir)
+    path = _path(args)
     if path is None:
         return 2
     if bool(args.nodes) == bool(args.all):
-        print("rayguard quarantine lift: name the node(s) to lift, or pass --all (not both)",
-              file=sys.stderr)
-        return 2
+        return _fail(args, "lift: name the node(s) to lift, or pass --all (not both)")
     try:
         lifted = quarantine_file.lift(path, None if args.all else args.nodes)
     except KeyError as exc:
-        print(f"rayguard quarantine lift: {inert(exc.args[0])}", file=sys.stderr)
-        return 1
+        return _fail(args, f"lift: {exc.args[0]}", 1)
     except (OSError, ValueError, RayGuardError) as exc:
-        print(f"rayguard quarantine lift: {inert(exc)}", file=sys.stderr)
-        return 2
+        return _fail(args, f"lift: {exc}")
+    if args.json:
+        print(json.dumps({"ok": True, "lifted": lifted}))
+        return 0
     if not lifted:
         print("no node was quarantined")
     for node in lifted:
