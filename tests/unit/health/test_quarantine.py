@@ -123,3 +123,23 @@ def test_a_break_resets_the_clock_and_unflagged_ranks_never_count() -> None:
     ev3 = StragglerEviction(evict_after_s=5, threshold=1.5)
     ev3.observe(0, 0.0, {1: over})
     assert ev3.observe(1, 6.0, {1: over}) == []  # a new attempt starts afresh
+
+
+def test_straggler_eviction_on_a_fixed_size_run_warns_that_it_is_ignored() -> None:
+    import warnings
+
+    from ray.train import ScalingConfig
+
+    import rayguard
+
+    guard = rayguard.GuardConfig(health=HealthConfig(straggler_evict_after_s=60))
+    with pytest.warns(UserWarning, match="straggler_evict_after_s=60") as caught:
+        rayguard.RobustTrainer(lambda: None, guard_config=guard,
+                               scaling_config=ScalingConfig(num_workers=2))
+    (message,) = [str(w.message) for w in caught if "evict" in str(w.message)]
+    assert "needs an elastic run" in message and "Fix:" in message
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        rayguard.RobustTrainer(lambda: None, guard_config=guard,
+                               scaling_config=ScalingConfig(num_workers=(1, 2)))
+    assert not [w for w in quiet if "evict" in str(w.message)]
