@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "rayguard.doctor.cli",       # rayguard doctor
     "rayguard.placement.cli",    # rayguard topology
     "rayguard.observe.cli",      # rayguard events|report
+    "rayguard.health.cli",       # rayguard quarantine list|lift
 )
 
 

@@ -51,6 +51,10 @@ RAY_ADDRESS_ENV_VAR = "RAY_ADDRESS"
 EVENTS_FILENAME = "rayguard_events.jsonl"
 SWEEP_EVENTS_FILENAME = "rayguard_sweep_events.jsonl"
 
+# The run directory's quarantined nodes (rayguard.health.quarantine_file): written by the
+# run, read and edited by `rayguard quarantine list|lift RUN_DIR`.
+QUARANTINE_FILENAME = "rayguard_quarantine.json"
+
 # Rank 0 sends its progress (step, metrics) to the run's coordinator at most this often, in
 # seconds; the driver's progress line (rayguard.observe.progress) shows what arrived.
 SEND_INTERVAL_S = 2.0

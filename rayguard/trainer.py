@@ -89,6 +89,14 @@ class RobustTrainer(GuardHooksTrainer):
         run_config, note = _with_restart_budget(run_config, guard_config)
         self._budget_note = note if user_run_config else None  # only where 0 may be meant
         super().__init__(train_loop_per_worker, run_config=run_config, **kwargs)
+        evict = guard_config.health.straggler_evict_after_s
+        if evict is not None and not self.scaling_config.elasticity_enabled:
+            warnings.warn(
+                f"GuardConfig(health=HealthConfig(straggler_evict_after_s={evict!r})): straggler "
+                "eviction needs an elastic run (ScalingConfig(num_workers=(min, max))) and is "
+                "ignored here: a fixed-size run cannot leave a node out without waiting for "
+                "another. Fix: make the run elastic, or leave straggler_evict_after_s=None",
+                UserWarning, stacklevel=2)
 
     # -- paths -------------------------------------------------------------------------
     @property
@@ -117,7 +125,8 @@ class RobustTrainer(GuardHooksTrainer):
 
         store = None
         if self._coordinator is not None:
-            callbacks.append(RayGuardCallback(self._coordinator))
+            callbacks.append(RayGuardCallback(
+                self._coordinator, quarantine=self.guard_config.health.quarantine_after is not None))
             store = CoordinatorStore(self._coordinator)
         callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store))
         return callbacks
@@ -140,12 +149,31 @@ class RobustTrainer(GuardHooksTrainer):
         return {RAY_ADDRESS_ENV_VAR: self._cluster_address}
 
     def _scaling_policy(self) -> Any:
-        """Elastic runs only use world sizes that keep the global batch exact."""
-        if self.guard_config.global_batch_size is None:
+        """Elastic runs only use world sizes that keep the global batch exact; with the
+        quarantine on, every run counts only the nodes not quarantined."""
+        fence = None
+        if self._coordinator is not None and self.guard_config.health.quarantine_after is not None:
+            from rayguard.controller.fence import FenceView
+
+            fence = FenceView(self._coordinator)
+        if self.guard_config.global_batch_size is None and fence is None:
             return None
         from rayguard.controller.scaling import make_scaling_policy
 
-        return make_scaling_policy(self.scaling_config, self.guard_config)
+        return make_scaling_policy(self.scaling_config, self.guard_config, fence, self.run_dir)
+
+    def _fence_args(self) -> dict[str, Any]:
+        """The run coordinator's quarantine settings (rayguard.run.fence.NodeFence)."""
+        from rayguard.health.quarantine_file import quarantine_path
+
+        health = self.guard_config.health
+        elastic = self.scaling_config.elasticity_enabled
+        evict = health.straggler_evict_after_s if elastic else None  # warned in __init__
+        local = self._remote_fs is None
+        return {"quarantine_after": health.quarantine_after,
+                "path": str(quarantine_path(self.run_dir)) if local else None,
+                "straggler_evict_after_s": evict,
+                "straggler_threshold": health.straggler_threshold}
 
     # -- fit -------------------------------------------------------------------------------
     def fit(self) -> Result:
@@ -174,7 +202,7 @@ class RobustTrainer(GuardHooksTrainer):
         self._coordinator = start_coordinator(events_file, observe={
             "run": os.path.basename(run_dir.rstrip("/")) or "run",
             "straggler_threshold": health.straggler_threshold,
-            "straggler_window_s": health.straggler_window_s})
+            "straggler_window_s": health.straggler_window_s}, fence=self._fence_args())
         coordinator = self._coordinator
         saved_env = self._set_env()
         if self._budget_note:

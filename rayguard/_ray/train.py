@@ -10,6 +10,11 @@ Relies on (checked at import; all present in Ray 2.59 and 2.60, see docs/compati
   ``metadata.gpu_ids``, ``resources``, ``execute_async(fn)``, ``distributed_context``, and
   the fact that the list is the one the worker-group state holds (reordering it in place
   reorders the ranks; :func:`permute_workers`);
+* the worker group handed to ``after_worker_group_start``: ``get_workers()`` in rank order
+  (:func:`group_nodes`); the ``WorkerGroupContext`` handed to ``before_worker_group_start``
+  (a frozen dataclass) with ``label_selector`` (one dict per worker, or ``None``) and
+  ``num_workers``, read by the placement group created right after the hook
+  (:func:`set_group_label_selector`);
 * ``failure_handling.FailureDecision`` and ``failure_handling.default.DefaultFailurePolicy``;
 * ``scaling_policy``: ``ElasticScalingPolicy`` with the private ``_count_possible_workers``,
   ``_get_reserved_resources``, ``_latest_reserved_resources(_query_time)``,
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +55,8 @@ try:
     from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
     from ray.train.v2._internal.execution.scaling_policy import (
         ElasticScalingPolicy,
+        FixedScalingPolicy,
+        NoopDecision,
         ScalingDecision,
         ScalingPolicy,
         create_scaling_policy,
@@ -81,10 +88,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rayguard")
 
 __all__ = [
-    "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "GuardHooksTrainer",
-    "RoundingElasticPolicy", "ScalingPolicy", "WorkerGroupCallback", "controller_env",
-    "create_scaling_policy", "permute_workers", "probe_nodes", "reserved_resources", "unwrap_worker_error",
-    "worker_slots",
+    "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "FixedScalingPolicy",
+    "GuardHooksTrainer", "NoopDecision", "RoundingElasticPolicy", "ScalingPolicy",
+    "WorkerGroupCallback", "controller_env", "create_scaling_policy", "group_nodes",
+    "permute_workers", "probe_nodes", "reserved_resources", "resources_per_worker",
+    "set_group_label_selector",
+    "unwrap_worker_error", "worker_slots",
 ]
 
 
@@ -108,6 +117,29 @@ def probe_nodes(workers: Sequence[Any], fn: Callable[[], Any], timeout_s: float)
     for w in workers:
         probes.setdefault(w.metadata.node_id, w.execute_async(fn))
     return dict(zip(probes, ray.get(list(probes.values()), timeout=timeout_s), strict=True))
+
+
+def group_nodes(worker_group: Any) -> list[str]:
+    """The node id of each worker of a started group (``after_worker_group_start``), in
+    rank order."""
+    return [w.metadata.node_id for w in worker_group.get_workers()]
+
+
+def group_label_selector(worker_group_context: Any) -> tuple[list[dict[str, str]] | None, int]:
+    """``(label_selector, num_workers)`` of the group about to start
+    (``before_worker_group_start``)."""
+    return worker_group_context.label_selector, int(worker_group_context.num_workers)
+
+
+def resources_per_worker(scaling_config: Any) -> dict[str, float]:
+    """One worker's resources as Ray places it (its defaults filled in)."""
+    return dict(scaling_config._resources_per_worker_not_none)
+
+
+def set_group_label_selector(worker_group_context: Any, selectors: list[dict[str, str]] | None) -> None:
+    """Place the group about to start with ``selectors`` (one per worker): the placement
+    group Ray creates right after ``before_worker_group_start`` reads them."""
+    object.__setattr__(worker_group_context, "label_selector", selectors)
 
 
 def permute_workers(workers: list[Any], perm: Sequence[int]) -> None:
@@ -141,9 +173,13 @@ class RoundingElasticPolicy(ElasticScalingPolicy):
     ``choose`` must pickle (the policy is sent to the controller actor)."""
 
     def __init__(self, scaling_config: ScalingConfig, choose: Callable[[int], int],
-                 fresh_cluster_view: bool = True) -> None:
+                 fresh_cluster_view: bool = True,
+                 excluded: Callable[[], Collection[str]] | None = None) -> None:
         super().__init__(scaling_config)
         self.choose = choose
+        self.excluded = excluded
+        """``() -> node ids`` whose reserved resources are not counted (quarantined nodes;
+        must pickle). Only with Ray 2.60's per-node reservations (a dict by node id)."""
         self.fresh_cluster_view = fresh_cluster_view
         """Ask the coordinator to recompute reservations against live nodes on each query."""
         self._was_running = False
@@ -162,6 +198,9 @@ class RoundingElasticPolicy(ElasticScalingPolicy):
         return super().make_decision_for_non_running_worker_group()
 
     def _count_possible_workers(self, reserved_resources: Any) -> int:
+        if self.excluded is not None and isinstance(reserved_resources, dict):
+            left_out = set(self.excluded())
+            reserved_resources = {n: r for n, r in reserved_resources.items() if n not in left_out}
         return self.choose(super()._count_possible_workers(reserved_resources))
 
     def _get_reserved_resources(self) -> Any:

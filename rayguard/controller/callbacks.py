@@ -1,13 +1,24 @@
-"""Controller-side hooks (these run in Ray Train's controller actor): count attempts, and
-write worker deaths and restarts into the run's event log."""
+"""Controller-side hooks (these run in Ray Train's controller actor): count attempts, write
+worker deaths and restarts into the run's event log, count each death against its node
+(:mod:`rayguard.health.quarantine`), and place each new worker group off quarantined nodes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rayguard._ray.train import ControllerCallback, WorkerGroupCallback, unwrap_worker_error
+from rayguard._ray.train import (
+    ControllerCallback,
+    WorkerGroupCallback,
+    group_label_selector,
+    group_nodes,
+    set_group_label_selector,
+    unwrap_worker_error,
+)
+from rayguard.controller.fence import FenceView, alive_node_resources
 from rayguard.events import make_event
 from rayguard.failures import Failure, classify
+from rayguard.health.quarantine import NodeFailure, node_failure_reason
+from rayguard.placement.exclude import exclude_nodes
 
 
 def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
@@ -29,16 +40,33 @@ def failure_fields(failure: Failure) -> dict[str, Any]:
 
 
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
-    def __init__(self, coordinator: Any) -> None:
+    def __init__(self, coordinator: Any, quarantine: bool = False) -> None:
         self.coordinator = coordinator
+        self.fence = FenceView(coordinator) if quarantine else None
+        """The quarantined nodes (``None``: quarantine off, no node is counted or left out)."""
         self._attempt = -1
         self._reported: set[tuple[int, int]] = set()
+        self._nodes: list[str] = []  # the node of each rank of the running group
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
-        """Runs in the controller before each worker group starts: a new attempt."""
+        """Runs in the controller before each worker group starts: a new attempt, placed off
+        the quarantined nodes (merged with the user's ``label_selector``)."""
         import ray
 
         self._attempt = ray.get(self.coordinator.new_attempt.remote())
+        self._nodes = []
+        if self.fence is None:
+            return
+        excluded = self.fence(fresh=True)
+        selectors, num_workers = group_label_selector(worker_group_context)
+        if excluded:
+            set_group_label_selector(worker_group_context,
+                                     exclude_nodes(selectors, excluded, num_workers))
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        """Runs in the controller once the group's workers exist: each rank's node."""
+        if self.fence is not None:
+            self._nodes = group_nodes(worker_group)
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
         """Runs in the controller after each poll: record every worker error once, classified
@@ -46,6 +74,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         as one line plus the whole text in ``details``."""
         import ray
 
+        counted: list[NodeFailure] = []
         for rank, error in worker_group_status.errors.items():
             if (self._attempt, rank) in self._reported:
                 continue
@@ -56,9 +85,29 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             except Exception:
                 marked = None
             failure = classify(unwrap_worker_error(error), marked)
+            node = self._nodes[rank] if rank < len(self._nodes) else None
             self.coordinator.record.remote(make_event(
-                "worker_died", f"rank {rank} failed: {failure.reason}", rank=rank,
+                "worker_died", f"rank {rank} failed: {failure.reason}", rank=rank, node=node,
                 attempt=self._attempt, **failure_fields(failure)))
+            reason = node_failure_reason(failure) if self.fence is not None else None
+            if node is not None and reason is not None:
+                counted.append(NodeFailure(node, self._attempt, reason, rank, failure.reason))
+        if counted:
+            self._count(counted)
+
+    def _count(self, failures: list[NodeFailure]) -> None:
+        """Count node failures before the failure decision, so that the next group's
+        placement already leaves out a node they quarantine."""
+        import ray
+
+        try:
+            nodes_alive = len(alive_node_resources())
+            ray.get(self.coordinator.record_node_failures.remote(failures, nodes_alive),
+                    timeout=30)
+        except Exception as exc:  # never fail the run for the quarantine's sake
+            import logging
+
+            logging.getLogger("rayguard").warning("rayguard: node failures not counted: %s", exc)
 
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
         """Runs in the controller when a failure was handled: RETRY means a restart."""

@@ -23,10 +23,11 @@ A trainer hands the policy to Ray's controller through
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from rayguard._ray.train import RoundingElasticPolicy, ScalingPolicy, create_scaling_policy
+from rayguard.controller.fence import FencedFixedPolicy, FenceView
 from rayguard.elastic.geometry import largest_valid_at_most, valid_world_sizes
 from rayguard.exceptions import ConfigError
 
@@ -58,10 +59,17 @@ class ValidSizeElasticPolicy(RoundingElasticPolicy):
     """Ray's elastic policy that only ever chooses a size from ``valid_sizes``."""
 
     def __init__(self, scaling_config: ScalingConfig, valid_sizes: Sequence[int],
-                 fresh_cluster_view: bool = True) -> None:
+                 fresh_cluster_view: bool = True,
+                 excluded: Callable[[], Collection[str]] | None = None) -> None:
         self.valid_sizes = sorted(set(valid_sizes))
         """Allowed world sizes, ascending (from :func:`valid_world_sizes`)."""
-        super().__init__(scaling_config, _RoundDown(self.valid_sizes), fresh_cluster_view)
+        super().__init__(scaling_config, _RoundDown(self.valid_sizes), fresh_cluster_view,
+                         excluded)
+
+
+def any_size(possible: int) -> int:
+    """Every world size Ray's elastic policy would choose is fine (no batch geometry)."""
+    return possible
 
 
 def valid_sizes_for(scaling_config: ScalingConfig, global_batch_size: int, micro_batch_size: int) -> list[int]:
@@ -84,18 +92,21 @@ def valid_sizes_for(scaling_config: ScalingConfig, global_batch_size: int, micro
         "among those (or a range containing one), or change the batch sizes")
 
 
-def make_scaling_policy(scaling_config: ScalingConfig, valid_sizes: Sequence[int] | GuardConfig) -> ScalingPolicy:
+def make_scaling_policy(scaling_config: ScalingConfig, valid_sizes: Sequence[int] | GuardConfig,
+                        fence: FenceView | None = None, run_dir: str = "RUN_DIR") -> ScalingPolicy:
     """The scaling policy a rayguard trainer hands to Ray's controller.
 
     ``valid_sizes``: the allowed world sizes, or a :class:`GuardConfig` with the batch
     geometry (they are then computed with :func:`valid_sizes_for`). Elastic config: a
     :class:`ValidSizeElasticPolicy`. Fixed config: Ray's own policy, after checking that
     ``num_workers`` is valid (else :class:`ConfigError` listing the valid sizes).
+    ``fence``: the quarantined nodes, which the policy does not count (a fixed-size run
+    that no longer fits on the others waits: :class:`FencedFixedPolicy`).
     """
     if not isinstance(valid_sizes, Sequence):
         g, m = valid_sizes.global_batch_size, valid_sizes.micro_batch_size
         if g is None or m is None:
-            return create_scaling_policy(scaling_config)
+            return _without_geometry(scaling_config, fence, run_dir)
         valid_sizes = valid_sizes_for(scaling_config, g, m)
     if not valid_sizes:
         raise ConfigError("make_scaling_policy(valid_sizes=[]): no valid world size. "
@@ -105,5 +116,14 @@ def make_scaling_policy(scaling_config: ScalingConfig, valid_sizes: Sequence[int
             raise ConfigError(
                 f"ScalingConfig(num_workers={scaling_config.num_workers}): this world size breaks "
                 f"the global batch; valid world sizes: {sorted(valid_sizes)}. Fix: pick one of them")
+        return _without_geometry(scaling_config, fence, run_dir)
+    return ValidSizeElasticPolicy(scaling_config, valid_sizes, excluded=fence)
+
+
+def _without_geometry(scaling_config: ScalingConfig, fence: FenceView | None,
+                      run_dir: str) -> ScalingPolicy:
+    if fence is None:
         return create_scaling_policy(scaling_config)
-    return ValidSizeElasticPolicy(scaling_config, valid_sizes)
+    if scaling_config.elasticity_enabled:
+        return RoundingElasticPolicy(scaling_config, any_size, excluded=fence)
+    return FencedFixedPolicy(scaling_config, fence, run_dir)

@@ -75,6 +75,20 @@ class HealthConfig:
     a whole window before it can be flagged, so one slow step or a slow start never is.
     Must be >= ``step_summary_interval_s``."""
 
+    # -- bad nodes (rayguard.health.quarantine) -----------------------------------------------
+    quarantine_after: int | None = 2
+    """A node on which workers die (killed by the OS, out of memory, a CUDA/NCCL error, a
+    failed preflight, a diagnosed hang's culprit) in this many attempts of a run (counted per
+    attempt, not per worker) is quarantined: later worker groups are placed on the other
+    nodes (``docs/fault-tolerance.md``). ``None``: never quarantine. Lift one with
+    ``rayguard quarantine lift RUN_DIR NODE``."""
+
+    straggler_evict_after_s: float | None = None
+    """Elastic runs only (``ScalingConfig(num_workers=(min, max))``): a rank flagged as a
+    straggler (``straggler_threshold``) for this many seconds without a break has its node
+    quarantined, so the next resize leaves it out. ``None`` (default): stragglers are only
+    reported."""
+
     # -- sweep only (rayguard.tune.run): prefer rayguard.tune.SweepHealthConfig -------------
     # Accepted here so that a HealthConfig passed to rayguard.tune.run keeps working;
     # RobustTrainer warns when any is set. Each is documented on SweepHealthConfig.
@@ -141,7 +155,33 @@ class HealthConfig:
                                "must be an int >= 0", "pass e.g. max_restarts=3")
 
         self._check_timing_fields()
+        self._check_quarantine_fields()
         self._check_series_fields()
+
+    def _check_quarantine_fields(self) -> None:
+        after = self.quarantine_after
+        if after is not None and not (isinstance(after, int) and not isinstance(after, bool)
+                                      and after >= 1):
+            raise config_error("HealthConfig", "quarantine_after", after,
+                               "must be an int >= 1 (attempts with a failure on the node) or None",
+                               "pass e.g. quarantine_after=2, or None to never quarantine a node")
+        evict = self.straggler_evict_after_s
+        if evict is not None and not (isinstance(evict, (int, float))
+                                      and not isinstance(evict, bool)
+                                      and evict >= 0 and math.isfinite(evict)):
+            raise config_error("HealthConfig", "straggler_evict_after_s", evict,
+                               "must be a finite number of seconds >= 0 or None",
+                               "pass e.g. straggler_evict_after_s=300, or None to only report "
+                               "stragglers")
+        if evict is not None and self.straggler_threshold is None:
+            raise config_error("HealthConfig", "straggler_evict_after_s", evict,
+                               "needs straggler detection, but straggler_threshold=None",
+                               "set straggler_threshold (e.g. 1.5) or leave "
+                               "straggler_evict_after_s=None")
+        if evict is not None and after is None:
+            raise config_error("HealthConfig", "straggler_evict_after_s", evict,
+                               "evicts through the quarantine, but quarantine_after=None",
+                               "set quarantine_after (e.g. 2) or leave straggler_evict_after_s=None")
 
     def _check_timing_fields(self) -> None:
         for name in ("step_summary_interval_s", "straggler_window_s"):

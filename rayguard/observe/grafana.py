@@ -44,7 +44,8 @@ def panels() -> list[dict[str, Any]]:
         _panel(4, "Failures detected", [
             (f"sum({m('stalls')}{_SEL})", "stalls (hangs)"),
             (f"sum({m('nan_events')}{_SEL})", "NaN/inf"),
-            (f"sum({m('stragglers')}{_SEL})", "stragglers flagged")], 0, 5),
+            (f"sum({m('stragglers')}{_SEL})", "stragglers flagged"),
+            (f"max({m('quarantined_nodes')}{_SEL})", "nodes quarantined")], 0, 5),
         _panel(5, "Checkpoints", [
             (f"sum({m('checkpoints_committed')}{_SEL})", "committed"),
             (f"sum({m('checkpoints_rejected')}{_SEL})", "rejected"),

@@ -59,6 +59,8 @@ SPECS: dict[str, MetricSpec] = {s.name: s for s in (
     MetricSpec(PREFIX + "attempt", "gauge", "Current attempt (0: first start)"),
     MetricSpec(PREFIX + "goodput_ratio", "gauge",
                "Productive time (new steps) / wall time of the run so far (ETTR)"),
+    MetricSpec(PREFIX + "quarantined_nodes", "gauge",
+               "Nodes the run leaves out of its worker groups (quarantined)"),
     MetricSpec(PREFIX + "badput_seconds", "counter",
                "Seconds of the run's wall time not spent on new steps, by cause", ("cause",)),
 )}
@@ -96,6 +98,9 @@ def event_updates(event: dict[str, Any]) -> list[Update]:
         return out
     if kind == "straggler":
         return [_u("stragglers", rank=event.get("rank"))]
+    if kind in ("node_quarantined", "quarantine_lifted"):
+        count = event.get("quarantined_nodes")
+        return [_u("quarantined_nodes", count)] if isinstance(count, int) else []
     if kind == "checkpoint_committed":
         out = [_u("checkpoints_committed")]
         if isinstance(event.get("bytes"), (int, float)):

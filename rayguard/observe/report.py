@@ -21,6 +21,7 @@ from rayguard.exceptions import RayGuardError
 from rayguard.observe.goodput import goodput
 from rayguard.observe.report_goodput import STYLE as GOODPUT_STYLE
 from rayguard.observe.report_goodput import goodput_section
+from rayguard.observe.report_quarantine import quarantine_rows, quarantine_section
 from rayguard.observe.timeline import build_run, build_sweep
 
 DATA_ELEMENT_ID = "rayguard-report-data"
@@ -64,6 +65,7 @@ def write_report(run_dir: str, output: str = "report.html", *, metric: str | Non
         data = build_run(parsed.events, metric=metric)
         data["goodput"] = goodput(parsed.events).to_dict()
         data["goodput"]["checkpoint_interval"] = recommend_interval(parsed.events).line()
+        data["quarantine"] = quarantine_rows(parsed.events)
     data["source"] = str(run_dir)
     data["bad_lines"] = parsed.bad_lines
     page = render(data)
@@ -274,6 +276,7 @@ def _run_body(data: dict[str, Any]) -> str:
         goodput_section(data.get("goodput")) if "goodput" in data else "",
         "<h2>Summary</h2>", summary, "<h2>Timeline</h2>", timeline,
         "<h2>Restarts</h2>", _restart_table(data), "<h2>Faults</h2>", _fault_table(data),
+        quarantine_section(data.get("quarantine") or []),
         f"<h2>{html.escape(str(data['metric']['name']))} over steps</h2>", metric,
         "<p class='muted'>Sampled from each rank's step summaries (lowest rank per attempt); "
         "a restart that went back to a checkpoint shows the replayed steps twice.</p>"])

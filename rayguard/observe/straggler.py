@@ -81,6 +81,12 @@ class StragglerDetector:
                 out[rank] = mean / median if median > 0 else 1.0
         return out
 
+    def states(self) -> dict[int, tuple[float | None, bool, str | None]]:
+        """Every rank's ``(score, flagged, node)`` now (the straggler eviction's input)."""
+        scores = self.scores()
+        return {rank: (scores.get(rank), state.flagged, state.node)
+                for rank, state in self._ranks.items()}
+
     def _judge(self, now: float) -> list[StragglerVerdict]:
         if self.threshold is None:
             return []

@@ -17,16 +17,21 @@ from rayguard.events import EventLog
 from rayguard.events.kinds import NOTABLE_KINDS
 from rayguard.failures.taxonomy import is_kill_mark
 from rayguard.health.crash_loop import FailureRecord, crash_loop
+from rayguard.health.eviction import RankScore
+from rayguard.health.quarantine import NodeFailure
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
+from rayguard.run.fence import NodeFence
 
 
 class RunCoordinator:
     """The actor body. Create it with :func:`start_coordinator`."""
 
-    def __init__(self, events_file: str, observe: dict[str, Any] | None = None) -> None:
+    def __init__(self, events_file: str, observe: dict[str, Any] | None = None,
+                 fence: dict[str, Any] | None = None) -> None:
         self._log = EventLog(events_file)
         self._observer = RunObserver(**(observe or {"run": "run", "metrics": None}))
+        self._fence = NodeFence(**(fence or {"quarantine_after": None}))
         self._attempt = -1
         self._claims: set[str] = set()
         self._rejected: dict[str, str] = {}
@@ -90,6 +95,11 @@ class RunCoordinator:
         logged as a ``steps`` event, exported as metrics, checked for stragglers."""
         for event in self._observer.on_summary(summary):
             self.record(event)
+        if self._fence.eviction is not None:
+            ranks = {r: RankScore(*s) for r, s in self._observer.detector.states().items()}
+            now = float(summary.get("time") or time.time())
+            for event in self._fence.on_scores(int(summary.get("attempt") or 0), now, ranks):
+                self.record(event)
 
     def notable_events(self, since: int = 0) -> list[dict[str, Any]]:
         """Events a person must see, from index ``since`` on (the driver prints them)."""
@@ -143,6 +153,39 @@ class RunCoordinator:
 
     def failures(self) -> dict[int, list[FailureRecord]]:
         return {a: list(r) for a, r in self._failures.items()}
+
+    # -- quarantine (rayguard/run/fence.py) -----------------------------------------------
+    def record_node_failure(self, node: str, attempt: int, reason: str, rank: int | None = None,
+                            detail: str = "", nodes_alive: int | None = None) -> bool:
+        """Count one failure against ``node`` (``reason``: one of
+        :data:`rayguard.health.quarantine.REASONS`; a diagnosed hang reports its culprit's
+        node with ``hang_culprit``). Records ``node_quarantined`` when the rule is met;
+        returns whether the node is now quarantined."""
+        return node in self.record_node_failures(
+            [NodeFailure(node, attempt, reason, rank, detail)], nodes_alive)
+
+    def record_node_failures(self, failures: list[NodeFailure],
+                             nodes_alive: int | None = None) -> list[str]:
+        """Count several node failures at once (the controller: one attempt's workers);
+        returns the nodes this quarantined."""
+        with self._cond:
+            events = self._fence.record(failures, nodes_alive)
+        for event in events:
+            self.record(event)
+        return [e["node"] for e in events]
+
+    def excluded_nodes(self) -> list[str]:
+        """The nodes the next worker group leaves out (re-reading the run directory's
+        quarantine file: a lift takes effect here)."""
+        with self._cond:
+            nodes, events = self._fence.excluded(self.attempt())
+        for event in events:
+            self.record(event)
+        return nodes
+
+    def quarantined_nodes(self) -> dict[str, dict[str, Any]]:
+        """``{node: {"reason", "failures"}}`` of the nodes left out now."""
+        return self._fence.quarantined()
 
     # -- progress (the driver's console line and Result's last metrics) -------------------
     def progress(self, update: dict[str, Any]) -> None:
@@ -267,9 +310,11 @@ class RunCoordinator:
         return self._gather_calls
 
 
-def start_coordinator(events_file: str, observe: dict[str, Any] | None = None):
+def start_coordinator(events_file: str, observe: dict[str, Any] | None = None,
+                      fence: dict[str, Any] | None = None):
     """Start the run's coordinator on the driver's node (no CPU reserved). ``observe``: the
-    :class:`~rayguard.observe.observer.RunObserver` arguments (run name, straggler rule)."""
+    :class:`~rayguard.observe.observer.RunObserver` arguments (run name, straggler rule);
+    ``fence``: the :class:`~rayguard.run.fence.NodeFence` arguments (quarantine rule, file)."""
     import ray
 
     from rayguard._ray.core import node_id_label
@@ -277,4 +322,4 @@ def start_coordinator(events_file: str, observe: dict[str, Any] | None = None):
     node_id = ray.get_runtime_context().get_node_id()
     return ray.remote(RunCoordinator).options(
         num_cpus=0, max_concurrency=1024, label_selector={node_id_label(): node_id},
-    ).remote(events_file, observe)
+    ).remote(events_file, observe, fence)
