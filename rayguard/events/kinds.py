@@ -15,6 +15,7 @@ RUN_KINDS = (
     "finished", "preflight_error", "fault_injected", "crash_loop", "not_retried",
     "preemption_notice", "preemption_checkpoint",  # rayguard.train.preemption
     "steps", "straggler",  # rayguard.observe: per-rank step timing summaries, slow ranks
+    "hang_diagnosed",  # rayguard.run.diagnosis: the one decision on a hang (culprits)
 )
 
 # A sweep's kinds (the health callback of rayguard.tune).
@@ -38,7 +39,7 @@ KINDS = RUN_KINDS + tuple(k for k in SWEEP_KINDS if k not in RUN_KINDS)
 
 NOTABLE_KINDS = frozenset({"worker_died", "restart", "stall_detected", "nan_detected",
                            "checkpoint_rejected", "crash_loop", "not_retried", "straggler",
-                           "preemption_notice", "preemption_checkpoint"})
+                           "preemption_notice", "preemption_checkpoint", "hang_diagnosed"})
 """Run kinds printed on the driver's console as they happen (and logged as warnings by the
 worker that records them)."""
 
