@@ -104,6 +104,10 @@ def _ranks(values: Sequence[int]) -> str:
     return ("rank " if len(values) == 1 else "ranks ") + ", ".join(str(r) for r in values)
 
 
+def _wait(values: Sequence[int]) -> str:
+    return "waits" if len(values) == 1 else "wait"
+
+
 def _where(answer: RankAnswer | None, rank: int, place: Mapping[int, Any]) -> str:
     node = answer.node if answer else (place.get(rank) or {}).get("node")
     gpus = answer.gpu_ids if answer else tuple((place.get(rank) or {}).get("gpu_ids") or ())
@@ -198,7 +202,7 @@ def _with_detail(d: HangDiagnosis, given: Mapping[int, RankAnswer],
 
     c = d.collective
     what = f"{c.op} #{c.seq}" + ("" if c.pg == "0" else f" of group {c.pg}") if c else ""
-    tail = f" that {_ranks(d.waiting)} wait in" if c is not None and d.waiting else ""
+    tail = f" that {_ranks(d.waiting)} {_wait(d.waiting)} in" if c is not None and d.waiting else ""
     parts = []
     for r in d.culprits:
         where = _where(given.get(r), r, place)
@@ -209,7 +213,7 @@ def _with_detail(d: HangDiagnosis, given: Mapping[int, RankAnswer],
         state = answer.groups.get(c.pg) if c is not None else None
         mine = state.entered if state else None
         if d.mismatch and c is not None and mine is not None and mine.seq == c.seq:
-            waits = (f" while {_ranks(d.waiting)} wait in {c.op} of {[list(s) for s in c.sizes]}"
+            waits = (f" while {_ranks(d.waiting)} {_wait(d.waiting)} in {c.op} of {[list(s) for s in c.sizes]}"
                      if d.waiting else "")
             parts.append(f"{where} entered {mine.op} of {[list(s) for s in mine.sizes]} "
                          f"as #{c.seq}{waits}")
@@ -221,7 +225,7 @@ def _with_detail(d: HangDiagnosis, given: Mapping[int, RankAnswer],
             parts[-1] += f"; its stack: {answer.top_frame}"
     if not d.culprits:
         if c is not None:
-            line = (f"{_ranks(d.waiting)} wait in {what}; none is behind "
+            line = (f"{_ranks(d.waiting)} {_wait(d.waiting)} in {what}; none is behind "
                     "(a transport, device or network fault)")
         else:
             line = "no rank is inside a collective: the stall is in the ranks' own code"

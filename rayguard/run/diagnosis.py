@@ -39,6 +39,7 @@ class _Open:
     opener: int
     world_size: int
     deadline: float
+    opened: float
     answers: dict[int, dict[str, Any]] = field(default_factory=dict)
     event: dict[str, Any] | None = None
     recorded: bool = False
@@ -81,7 +82,8 @@ class Diagnoses:
         with self._cond:
             if attempt in self._open:
                 return False
-            self._open[attempt] = _Open(rank, world_size, self._clock() + wait_s)
+            now = self._clock()
+            self._open[attempt] = _Open(rank, world_size, now + wait_s, now)
             return True
 
     def is_open(self, attempt: int) -> bool:
@@ -126,4 +128,6 @@ class Diagnoses:
         stacks = {str(r): a.get("stacks") for r, a in sorted(state.answers.items())}
         return make_event("hang_diagnosed", diagnosis.detail,
                           attempt=attempt, opened_by=state.opener, stacks=stacks,
-                          answered=sorted(state.answers), **diagnosis.fields())
+                          answered=sorted(state.answers),
+                          decided_after_s=round(self._clock() - state.opened, 3),
+                          **diagnosis.fields())
