@@ -104,3 +104,15 @@ def test_fields_are_json_ready():
         "culprits": [1], "waiting": [0],
         "collective": {"op": "all_reduce", "pg": "0", "seq": 2, "sizes": [[4]]},
         "mismatch": None, "silent": [], "nodes": {"1": "n1"}, "gpu_ids": {"1": []}}
+
+
+def test_the_answer_bound_is_validated_with_a_fix():
+    import pytest
+
+    from rayguard import HealthConfig
+    from rayguard.exceptions import ConfigError
+
+    assert HealthConfig().diagnosis_wait_s == 5.0
+    for bad in (0, -1, float("inf"), True, "5"):
+        with pytest.raises(ConfigError, match="diagnosis_wait_s"):
+            HealthConfig(diagnosis_wait_s=bad)

@@ -116,3 +116,20 @@ def test_a_restarts_cause_and_metric_come_from_the_classified_worker_died():
         obs.emit(event)
     assert event["cause"] == "oom"
     assert [dict(u.tags) for u in metrics.updates if u.name == "rayguard_restarts"] == [{"cause": "oom"}]
+
+
+def test_a_restart_after_a_diagnosed_hang_names_its_culprits():
+    obs = RunObserver("run", metrics=FakeMetrics())
+    diagnosed = _ev("hang_diagnosed", culprits=[2], waiting=[0, 1, 3],
+                    detail="rank 2 on node n2 never entered all_reduce #41 that ranks 0, 1, 3 wait in")
+    restart = _ev("restart", detail="worker group restarts after attempt 0")
+    for event in (diagnosed, _ev("stall_detected"), _ev("worker_died", failure="hang"), restart):
+        obs.annotate(event)
+        obs.emit(event)
+    assert restart["cause"] == "hang" and restart["culprits"] == [2]
+    assert restart["cause_detail"].startswith("rank 2 on node n2 never entered all_reduce #41")
+    assert restart["detail"] == ("worker group restarts after attempt 0 (hang: rank 2 on node n2 "
+                                 "never entered all_reduce #41 that ranks 0, 1, 3 wait in)")
+    plain = _ev("restart", attempt=1)
+    obs.annotate(plain)
+    assert "culprits" not in plain  # attempt 1 had no diagnosis
