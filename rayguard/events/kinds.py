@@ -17,6 +17,7 @@ RUN_KINDS = (
     "steps", "straggler",  # rayguard.observe: per-rank step timing summaries, slow ranks
     "node_quarantined", "quarantine_lifted",  # rayguard.run.fence: bad nodes fenced off
     "placement_wait",  # rayguard.controller.fence: a fixed-size run waits for admitted nodes
+    "hang_diagnosed",  # rayguard.run.diagnosis: the one decision on a hang (culprits)
 )
 
 # A sweep's kinds (the health callback of rayguard.tune).
@@ -41,7 +42,8 @@ KINDS = RUN_KINDS + tuple(k for k in SWEEP_KINDS if k not in RUN_KINDS)
 NOTABLE_KINDS = frozenset({"worker_died", "restart", "stall_detected", "nan_detected",
                            "checkpoint_rejected", "crash_loop", "not_retried", "straggler",
                            "preemption_notice", "preemption_checkpoint",
-                           "node_quarantined", "quarantine_lifted", "placement_wait"})
+                           "node_quarantined", "quarantine_lifted", "placement_wait",
+                           "hang_diagnosed"})
 """Run kinds printed on the driver's console as they happen (and logged as warnings by the
 worker that records them)."""
 

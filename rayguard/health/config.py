@@ -36,6 +36,12 @@ class HealthConfig:
     applies only from the first step on; before it, this bound does (every restart starts
     again with it)."""
 
+    diagnosis_wait_s: float = 5.0
+    """When a rank's watchdog fires, how long the run waits for every rank's answer to the
+    hang diagnosis (its collectives and stacks) before deciding with the answers it has;
+    a rank that has not answered by then is named as a culprit. Detection takes the
+    stall bound plus at most this (live ranks answer within about a second)."""
+
     crash_loop_retries: int = 1
     """Restarts allowed for a failure that repeats: the same exception from the same frame on
     the same rank ending consecutive attempts with no checkpoint committed in between (or at
@@ -138,6 +144,12 @@ class HealthConfig:
             raise config_error("HealthConfig", "startup_timeout_s", self.startup_timeout_s,
                                "must be a finite number of seconds > 0",
                                "pass a bound that covers start-up and the first step, e.g. 1800")
+        if not (isinstance(self.diagnosis_wait_s, (int, float))
+                and not isinstance(self.diagnosis_wait_s, bool)
+                and 0 < self.diagnosis_wait_s <= 600 and math.isfinite(self.diagnosis_wait_s)):
+            raise config_error("HealthConfig", "diagnosis_wait_s", self.diagnosis_wait_s,
+                               "must be a number of seconds in (0, 600]",
+                               "pass e.g. diagnosis_wait_s=5")
         if not (isinstance(self.crash_loop_retries, int)
                 and not isinstance(self.crash_loop_retries, bool) and self.crash_loop_retries >= 0):
             raise config_error("HealthConfig", "crash_loop_retries", self.crash_loop_retries,

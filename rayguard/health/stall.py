@@ -1,8 +1,11 @@
 """What a worker does when its watchdog finds it stalled, and what feeds the watchdog.
 
-On a stall (the watchdog's thread, :mod:`rayguard.health.watchdog`): leave the cause with
-the run (the controller reads it after this worker is gone), dump every thread's stacks,
-record ``stall_detected`` and SIGKILL the worker; Ray Train then restarts the group. Every
+On a stall (the watchdog's thread, :mod:`rayguard.health.watchdog`): the coordinated hang
+diagnosis first (:class:`~rayguard.health.hang.HangProbe`: open it or join a peer's, answer,
+wait for the one ``hang_diagnosed`` decision), then leave the cause with the run (the
+controller reads it after this worker is gone), dump every thread's stacks, record
+``stall_detected`` (the rank that opened the diagnosis, or a rank alone) and SIGKILL the
+worker; Ray Train then restarts the group. Every
 ``optimizer.step()`` of the process is a heartbeat (:func:`watch_optimizer_steps`). No
 import of :mod:`rayguard.train`: the worker's link and place are passed in.
 """
@@ -14,9 +17,12 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rayguard.health.decisions import Decision
+
+if TYPE_CHECKING:
+    from rayguard.health.hang import HangProbe
 
 logger = logging.getLogger("rayguard")
 
@@ -34,26 +40,41 @@ class StallResponder:
     """The watchdog's ``on_stall`` for one worker: ``link`` (a
     :class:`~rayguard.run.link.RunLink`) takes the marks and the event; ``last_step`` reads
     the loop's last step; ``local_run_dir``: the stacks go into the run directory (else a
-    private temporary directory of the node)."""
+    private temporary directory of the node); ``probe``: the coordinated hang diagnosis
+    (``None``: this rank acts alone)."""
 
     def __init__(self, link: Any, *, last_step: Callable[[], int], local_run_dir: bool,
-                 kill: Callable[[], None] | None = None) -> None:
+                 kill: Callable[[], None] | None = None, probe: HangProbe | None = None) -> None:
         self.link = link
         self.last_step = last_step
         self.local_run_dir = local_run_dir
+        self.probe = probe
         self._kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
 
     def __call__(self, decision: Decision) -> None:
-        """Runs in the watchdog thread: dump stacks, record, end this worker."""
+        """Runs in the watchdog thread: diagnose with the peers, dump stacks, record, end
+        this worker."""
         ctx = self.link.ctx
+        try:
+            opened, diagnosis = self.probe.on_own_stall() if self.probe else (True, None)
+        except Exception as exc:  # the diagnosis must never keep a stuck rank alive
+            logger.warning("rayguard: hang diagnosis failed: %s", exc)
+            opened, diagnosis = True, None
         self.link.mark(f"cause:{ctx.attempt}:{ctx.rank}", f"killed by rayguard: {decision.check}")
         self.link.mark(f"killed:{ctx.attempt}:{ctx.rank}", decision.reason)
-        path = dump_stacks(ctx, local_run_dir=self.local_run_dir)
-        detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
         try:
+            if not opened:  # a peer opened the diagnosis and recorded the stall
+                return
+            path = (self.probe.stacks if self.probe and self.probe.stacks
+                    else dump_stacks(ctx, local_run_dir=self.local_run_dir))
+            detail = f"{decision.reason}; stacks in {path}" if path else decision.reason
+            extra: dict[str, Any] = {}
+            if diagnosis:
+                detail += f"; hang diagnosed: {diagnosis.get('detail')}"
+                extra["culprits"] = diagnosis.get("culprits")
             self.link.record("stall_detected", detail, step=self.last_step(), wait=True,
                              timeout_s=decision.threshold, bound=decision.check, stacks=path,
-                             **_idle(decision))
+                             **_idle(decision), **extra)
         finally:
             self._kill()
 

@@ -5,7 +5,8 @@ Progress is every ``rayguard.train.report`` (a completed step) and every
 (set-up, ``load_state()``, CUDA/NCCL init, compilation) the start-up timeout applies; from
 then on the stall timeout (explicit, or adaptive from the slowest step seen). A background
 thread checks about ten times per bound (at least once a second) and calls ``on_stall``
-once with a decision that names the bound that fired.
+once with a decision that names the bound that fired; ``on_tick`` runs on every wake-up
+(a peer's hang diagnosis is answered there, :mod:`rayguard.health.hang`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ from rayguard.health.decisions import Decision, stall_decision
 
 class Watchdog:
     def __init__(self, health: HealthConfig, on_stall: Callable[[Decision], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_tick: Callable[[], None] | None = None) -> None:
         self.health = health
         self.on_stall = on_stall
+        self.on_tick = on_tick
+        """Called on every wake-up of the thread, before the check (the hang probe answers a
+        peer's diagnosis there: :class:`rayguard.health.hang.HangProbe`)."""
         self.clock = clock
         self.last_progress = clock()
         self.last_step_end: float | None = None
@@ -68,6 +73,8 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, max(0.05, self.timeout_s / 10))):
+            if self.on_tick is not None:
+                self.on_tick()
             decision = self.check()
             if not decision.ok and not self.fired:
                 self.fired = True

@@ -19,11 +19,13 @@ from typing import Any
 from rayguard.failures import CAUSES, most_severe
 from rayguard.failures.patterns import text_cause
 
-__all__ = ["CAUSES", "FAILURE_KINDS", "failure_cause", "legacy_cause"]
+__all__ = ["CAUSES", "FAILURE_KINDS", "failure_cause", "hang_culprits", "legacy_cause"]
 
-FAILURE_KINDS = ("stall_detected", "nan_detected", "preflight_error", "worker_died", "crash_loop")
+FAILURE_KINDS = ("stall_detected", "nan_detected", "preflight_error", "worker_died", "crash_loop",
+                 "hang_diagnosed")
 
-_BY_KIND = {"stall_detected": "hang", "nan_detected": "nan", "preflight_error": "preflight"}
+_BY_KIND = {"stall_detected": "hang", "nan_detected": "nan", "preflight_error": "preflight",
+            "hang_diagnosed": "hang"}
 
 
 def _text(event: dict[str, Any]) -> str:
@@ -56,3 +58,13 @@ def failure_cause(events: Iterable[dict[str, Any]]) -> str:
     if old is not None:
         causes.append(old)
     return most_severe(causes)
+
+
+def hang_culprits(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a restart says of a diagnosed hang among these events (one attempt's):
+    ``{"culprits", "cause_detail"}`` from its ``hang_diagnosed`` event (``None``: none)."""
+    for event in events:
+        if event.get("kind") == "hang_diagnosed":
+            return {"culprits": list(event.get("culprits") or []),
+                    "cause_detail": str(event.get("detail") or "")}
+    return None

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from rayguard.events import make_event
-from rayguard.observe.causes import FAILURE_KINDS, failure_cause
+from rayguard.observe.causes import FAILURE_KINDS, failure_cause, hang_culprits
 from rayguard.observe.goodput_meter import GoodputMeter
 from rayguard.observe.metrics import RayMetrics, Update, event_updates, summary_updates
 from rayguard.observe.straggler import StragglerDetector, describe, verdict_fields
@@ -42,7 +42,12 @@ class RunObserver:
             if kind in FAILURE_KINDS and isinstance(attempt, int):
                 self._failures.setdefault(attempt, []).append(event)
             elif kind == "restart" and "cause" not in event:
-                event["cause"] = failure_cause(self._failures.get(attempt, []))  # type: ignore[arg-type]
+                failed = self._failures.get(attempt, [])  # type: ignore[arg-type]
+                event["cause"] = failure_cause(failed)
+                hang = hang_culprits(failed)  # a diagnosed hang: the restart names the culprits
+                if hang is not None:
+                    event.update(hang)
+                    event["detail"] = f"{event.get('detail', '')} (hang: {hang['cause_detail']})"
             elif kind == "checkpoint_rejected":
                 self._rejected_since_restore += 1
             elif kind == "restored":

@@ -221,9 +221,12 @@ def _fault_table(data: dict[str, Any]) -> str:
     rows = []
     for f in data["faults"]:
         detail = html.escape(f["detail"])
-        if f.get("stacks"):
-            link = html.escape("file://" + os.path.abspath(str(f["stacks"])))
-            detail += f' <a class="stacks" href="{link}">stack dump</a>'
+        stacks = f.get("stacks")
+        for name, path in (sorted(stacks.items()) if isinstance(stacks, dict)
+                           else [("", stacks)] if stacks else []):
+            link = html.escape("file://" + os.path.abspath(str(path)))
+            label = f"rank {html.escape(name)} stacks" if name else "stack dump"
+            detail += f' <a class="stacks" href="{link}">{label}</a>'
         rows.append([f"{f['time']:.1f} s", str(f["attempt"]), str(f["rank"]),
                      html.escape(f["kind"]), str(f["step"]), detail])
     return _table(["at", "attempt", "rank", "fault", "step", "detail"], rows, "faults")

@@ -24,7 +24,7 @@ week-long run draws as fast as a short one."""
 
 FAULT_KINDS = {"worker_died": "died", "stall_detected": "hang", "nan_detected": "nan",
                "preflight_error": "preflight", "straggler": "straggler", "crash_loop": "crash_loop",
-               "fault_injected": "injected"}
+               "fault_injected": "injected", "hang_diagnosed": "culprit"}
 
 
 def _t(event: dict[str, Any]) -> float:
@@ -189,9 +189,18 @@ def _faults(events, t0) -> list[dict[str, Any]]:
             continue
         out.append({"time": _t(e) - t0, "kind": FAULT_KINDS[str(kind)], "event": kind,
                     "rank": _int(e.get("rank")), "node": e.get("node"), "step": _int(e.get("step")),
-                    "attempt": _int(e.get("attempt")), "stacks": e.get("stacks"),
+                    "attempt": _int(e.get("attempt")), "stacks": _stacks(e),
                     "detail": one_line(e.get("detail"), 300)})
     return out
+
+
+def _stacks(event: dict[str, Any]) -> Any:
+    """A fault's stack dump; a diagnosed hang's: ``{rank: file}`` of its culprits."""
+    stacks = event.get("stacks")
+    if event.get("kind") != "hang_diagnosed" or not isinstance(stacks, dict):
+        return stacks
+    culprits = {str(r) for r in event.get("culprits") or []}
+    return {str(r): str(p) for r, p in stacks.items() if str(r) in culprits and p}
 
 
 def _lead_rank(steps: list[dict[str, Any]]) -> dict[int, int]:

@@ -21,6 +21,7 @@ from rayguard.health.eviction import RankScore
 from rayguard.health.quarantine import NodeFailure
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
+from rayguard.run.diagnosis import Diagnoses, open_key, place_key
 from rayguard.run.fence import NodeFence
 
 
@@ -50,6 +51,8 @@ class RunCoordinator:
         self._cond = threading.Condition()
         self._memory = SnapshotRegistry()  # the memory tier (rayguard/run/keeper.py, rayguard/train/memory_tier.py)
         self._keepers: dict[str, Any] = {}
+        self._diagnoses = Diagnoses(self._cond, self.record,
+                                    lambda attempt, rank: self._store.get(place_key(attempt, rank)))
 
     # -- attempts and events -------------------------------------------------------------
     def new_attempt(self) -> int:
@@ -228,6 +231,20 @@ class RunCoordinator:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self._store.get(key, default)
+
+    # -- hang diagnosis (rayguard/run/diagnosis.py) ---------------------------------------
+    def open_diagnosis(self, attempt: int, rank: int, world_size: int, wait_s: float) -> bool:
+        """A rank's watchdog fired: open the attempt's diagnosis (``False``: already open)."""
+        opened = self._diagnoses.open(attempt, rank, world_size, wait_s)
+        self._store[open_key(attempt)] = True
+        return opened
+
+    def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any]) -> None:
+        self._diagnoses.answer(attempt, rank, answer)
+
+    def await_diagnosis(self, attempt: int, timeout_s: float) -> dict[str, Any] | None:
+        """The attempt's ``hang_diagnosed`` event once decided (``None``: not in time)."""
+        return self._diagnoses.wait(attempt, timeout_s)
 
     # -- collective ------------------------------------------------------------------------
     def gather(self, tag: str, rank: int, world_size: int, value: Any,

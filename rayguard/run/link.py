@@ -23,6 +23,7 @@ from typing import Any
 
 from rayguard.events import make_event
 from rayguard.exceptions import RayGuardError
+from rayguard.run.poll import FactPoll
 
 logger = logging.getLogger("rayguard")
 
@@ -224,6 +225,47 @@ class RunLink:
         except Exception as exc:  # observing must never break the loop
             logger.debug("rayguard: step summary not sent: %s", exc)
 
+    # -- hang diagnosis (rayguard.health.hang, rayguard.run.diagnosis) ---------------------
+    def open_diagnosis(self, wait_s: float) -> bool | None:
+        """Open this attempt's hang diagnosis: ``True``: this rank opened it, ``False``: a
+        peer had; ``None``: no coordinator answered (the rank acts alone, as before)."""
+        import ray
+
+        ctx = self.ctx
+        try:
+            return bool(ray.get(self.actor.open_diagnosis.remote(
+                ctx.attempt, ctx.rank, ctx.world_size, wait_s), timeout=self.timeouts.ack_s))
+        except Exception as exc:
+            logger.debug("rayguard: could not open a hang diagnosis: %s", exc)
+            return None
+
+    def answer_diagnosis(self, answer: dict[str, Any]) -> None:
+        """This rank's collective state and stacks (waited for: the decision needs it)."""
+        import ray
+
+        try:
+            ray.get(self.actor.answer_diagnosis.remote(self.ctx.attempt, self.ctx.rank, answer),
+                    timeout=self.timeouts.ack_s)
+        except Exception as exc:
+            logger.debug("rayguard: could not answer the hang diagnosis: %s", exc)
+
+    def await_diagnosis(self, timeout_s: float) -> dict[str, Any] | None:
+        """The attempt's ``hang_diagnosed`` event once decided (``None``: not in time)."""
+        import ray
+
+        try:
+            return ray.get(self.actor.await_diagnosis.remote(self.ctx.attempt, timeout_s),
+                           timeout=timeout_s + self.timeouts.ack_s)
+        except Exception as exc:
+            logger.debug("rayguard: no hang diagnosis: %s", exc)
+            return None
+
+    def diagnosis_poll(self) -> FactPoll:
+        """A non-blocking watch of whether this attempt's diagnosis is open."""
+        from rayguard.run.diagnosis import open_key
+
+        return FactPoll(self.actor, open_key(self.ctx.attempt))
+
     # -- the memory tier's registry (rayguard.train.memory_tier) -----------------------------
     def memory_keeper(self, node_id: str) -> Any:
         import ray
@@ -301,6 +343,18 @@ class NullLink(RunLink):
 
     def send_summary(self, summary: dict[str, Any], *, wait: bool = False) -> None:
         return None
+
+    def open_diagnosis(self, wait_s: float) -> bool | None:
+        return None
+
+    def answer_diagnosis(self, answer: dict[str, Any]) -> None:
+        return None
+
+    def await_diagnosis(self, timeout_s: float) -> dict[str, Any] | None:
+        return None
+
+    def diagnosis_poll(self) -> FactPoll:
+        return FactPoll(None, "")
 
     def memory_keeper(self, node_id: str) -> Any:
         raise RayGuardError("no coordinator: no memory tier")

@@ -20,7 +20,8 @@ from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import WorkerSetupError
 from rayguard.faults import Fault, parse_faults
-from rayguard.health.stall import StallResponder, watch_optimizer_steps
+from rayguard.health.hang import HangProbe, install_counting_hook
+from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
 from rayguard.health.watchdog import Watchdog
 from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
 from rayguard.run.link import RunLink, make_link, read_attempt
@@ -161,13 +162,17 @@ class _LastStep:
 
 
 def start_watch(link: RunLink, guard: GuardConfig, store: CheckpointStore
-                ) -> tuple[RunLink, Watchdog, _LastStep]:
-    """The watchdog of this worker, with its stall responder, and the loop's link (whose
-    waits feed it)."""
+                ) -> tuple[RunLink, Watchdog, _LastStep, HangProbe]:
+    """The watchdog of this worker, with its stall responder and hang probe (built in the
+    training thread: its top frame goes in a diagnosis), and the loop's link (whose waits
+    feed it)."""
     last_step = _LastStep()
+    local = store.fs is None
+    probe = HangProbe(link, dump=lambda: dump_stacks(link.ctx, local_run_dir=local),
+                      wait_s=guard.health.diagnosis_wait_s)
     watchdog = Watchdog(guard.health, on_stall=StallResponder(
-        link, last_step=last_step, local_run_dir=store.fs is None))
-    return link.feeding(watchdog.heartbeat), watchdog, last_step
+        link, last_step=last_step, local_run_dir=local, probe=probe), on_tick=probe.tick)
+    return link.feeding(watchdog.heartbeat), watchdog, last_step, probe
 
 
 def assemble(link: RunLink, guard: GuardConfig, *, watchdog: Watchdog, store: CheckpointStore,
@@ -188,7 +193,7 @@ def build_session(ctx: GuardContext, guard: GuardConfig, actor: Any = None,
     """A session outside set-up (one rank, no preemption watch, the watchdog not
     started): benchmarks and tests."""
     store = store or LocalStore(ctx.run_dir)
-    link, watchdog, last_step = start_watch(make_link(ctx, actor), guard, store)
+    link, watchdog, last_step, _ = start_watch(make_link(ctx, actor), guard, store)
     agreement = LocalAgreement()
     forwarding = ReportForwarding(Forwarder(), store.fs, raw=raw_report)
     session = assemble(link, guard, watchdog=watchdog, store=store, agreement=agreement,
@@ -242,8 +247,8 @@ class GuardedTrainFn:
         faults = parse_faults(";".join(filter(None, [self.guard.faults,
                                                      os.environ.get(FAULTS_ENV_VAR)])))
         store = _store(ctx.run_dir)
-        link, watchdog, last_step = start_watch(make_link(ctx, self.coordinator), self.guard,
-                                                store)
+        link, watchdog, last_step, probe = start_watch(make_link(ctx, self.coordinator),
+                                                       self.guard, store)
         watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
         hook = watch_optimizer_steps(watchdog.heartbeat)
         try:
@@ -255,6 +260,9 @@ class GuardedTrainFn:
         infos = link.gather("setup", _worker_info(ctx))
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
+        probe.publish_place()  # a rank that never answers a hang diagnosis is still placed
+        if ctx.world_size > 1:
+            install_counting_hook()  # only where torch's Flight Recorder records nothing
         if self.guard.seed is not None:
             ctx.seed = rank_seed(self.guard.seed, ctx.rank)
             seed_everything(ctx.seed, deterministic=self.guard.deterministic)

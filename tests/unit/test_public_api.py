@@ -54,6 +54,7 @@ PUBLIC = {
     "rayguard.controller": [],
     "rayguard.observe": [],
     "rayguard._ray": [],
+    "rayguard._torch": [],
 }
 
 # Names 0.1 exported that left __all__: they still import, with a DeprecationWarning naming

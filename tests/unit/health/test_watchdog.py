@@ -75,6 +75,19 @@ def test_the_thread_calls_on_stall_once():
     assert len(fired) == 1 and fired[0].check == "stall"
 
 
+def test_the_thread_ticks_on_every_wake_up_while_progress_goes_on():
+    ticks = threading.Semaphore(0)
+    wd = Watchdog(HealthConfig(stall_timeout_s=0.5), on_stall=lambda d: None,
+                  on_tick=ticks.release)  # a peer's hang diagnosis is answered on a tick
+    wd.step_completed()
+    wd.start()
+    for _ in range(3):  # the bound never fires: heartbeats keep it alive, ticks go on
+        wd.heartbeat()
+        assert ticks.acquire(timeout=10)
+    wd.stop()
+    assert not wd.fired
+
+
 def test_check_finite_watches_only_named_metrics():
     assert check_finite({"loss": 1.0, "other": math.nan}, ("loss",), policy="restart").ok
     d = check_finite({"loss": math.inf}, ("loss",), policy="restart", step=3)

@@ -126,3 +126,20 @@ def test_checkpoint_seconds_blocked_is_what_the_loop_waited_total_is_the_whole_s
     assert by_phase == {"blocked": 0.25, "total": 3.0}
     sync = event_updates(_ev("checkpoint_committed", seconds=0.5))  # no blocked_s: the whole
     assert sorted(u.value for u in sync if u.name == "rayguard_checkpoint_seconds") == [0.5, 0.5]
+
+
+def test_a_restart_after_a_diagnosed_hang_names_its_culprits():
+    obs = RunObserver("run", metrics=FakeMetrics())
+    diagnosed = _ev("hang_diagnosed", culprits=[2], waiting=[0, 1, 3],
+                    detail="rank 2 on node n2 never entered all_reduce #41 that ranks 0, 1, 3 wait in")
+    restart = _ev("restart", detail="worker group restarts after attempt 0")
+    for event in (diagnosed, _ev("stall_detected"), _ev("worker_died", failure="hang"), restart):
+        obs.annotate(event)
+        obs.emit(event)
+    assert restart["cause"] == "hang" and restart["culprits"] == [2]
+    assert restart["cause_detail"].startswith("rank 2 on node n2 never entered all_reduce #41")
+    assert restart["detail"] == ("worker group restarts after attempt 0 (hang: rank 2 on node n2 "
+                                 "never entered all_reduce #41 that ranks 0, 1, 3 wait in)")
+    plain = _ev("restart", attempt=1)
+    obs.annotate(plain)
+    assert "culprits" not in plain  # attempt 1 had no diagnosis

@@ -117,3 +117,29 @@ def test_empty_log(tmp_path):
     (tmp_path / "rayguard_events.jsonl").write_text("")
     page = open(write_report(str(tmp_path), str(tmp_path / "e.html"))).read()
     assert embedded_data(page)["empty"] is True
+
+
+def test_a_diagnosed_hang_is_listed_with_each_culprits_stacks(tmp_path):
+    log = [
+        _ev(100, "start", 0), _ev(101, "attempt_started", 0, rank=0, world_size=4),
+        _steps(102, 0, 0, 0, 3),
+        _ev(106, "hang_diagnosed", 0, culprits=[2], waiting=[0, 1, 3],
+            detail="rank 2 on node n2 never entered all_reduce #9 that ranks 0, 1, 3 wait in",
+            stacks={"0": "/r/s/rank0.txt", "1": "/r/s/rank1.txt", "2": "/r/s/rank2.txt",
+                    "3": None}),
+        _ev(106.1, "stall_detected", 0, rank=0, step=3, timeout_s=4.0, stacks="/r/s/rank0.txt"),
+        _ev(106.5, "restart", 0, cause="hang", culprits=[2]),
+        _ev(110, "attempt_started", 1, rank=0, world_size=4), _ev(115, "finished", 1),
+    ]
+    data = build_run(log)
+    culprit = next(f for f in data["faults"] if f["event"] == "hang_diagnosed")
+    assert culprit["kind"] == "culprit" and culprit["stacks"] == {"2": "/r/s/rank2.txt"}
+    assert data["summary"]["stalls"] == 1  # the diagnosis is not a second stall
+    with open(tmp_path / "rayguard_events.jsonl", "w") as f:
+        for e in log:
+            f.write(json.dumps(e) + "\n")
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert 'href="file:///r/s/rank2.txt">rank 2 stacks</a>' in page
+    assert "file:///r/s/rank1.txt" not in page  # a waiting rank's stacks are not a culprit's
