@@ -51,7 +51,7 @@ class RunCoordinator:
         self._cond = threading.Condition()
         self._memory = SnapshotRegistry()  # the memory tier (rayguard/run/keeper.py, rayguard/train/memory_tier.py)
         self._keepers: dict[str, Any] = {}
-        self._diagnoses = Diagnoses(self._cond, self.record,
+        self._diagnoses = Diagnoses(self._cond, self._record_diagnosis,
                                     lambda attempt, rank: self._store.get(place_key(attempt, rank)))
 
     # -- attempts and events -------------------------------------------------------------
@@ -239,6 +239,17 @@ class RunCoordinator:
         self._store[open_key(attempt)] = True
         return opened
 
+    def _record_diagnosis(self, event: dict[str, Any]) -> None:
+        """Record the attempt's ``hang_diagnosed`` event, and count each culprit's node
+        against it (``hang_culprit``: the quarantine rule, rayguard/run/fence.py)."""
+        self.record(event)
+        nodes = event.get("nodes") or {}
+        failures = [NodeFailure(str(nodes[str(rank)]), int(event["attempt"]), "hang_culprit",
+                                rank, str(event.get("detail") or "")[:300])
+                    for rank in event.get("culprits") or () if nodes.get(str(rank))]
+        if failures:
+            self.record_node_failures(failures, _nodes_alive())
+
     def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any]) -> None:
         self._diagnoses.answer(attempt, rank, answer)
 
@@ -325,6 +336,16 @@ class RunCoordinator:
         """How many gather calls arrived (every rank's call counts): a metrics-only report
         makes none (rayguard.train.agreement)."""
         return self._gather_calls
+
+
+def _nodes_alive() -> int | None:
+    """How many nodes the cluster has alive (``None``: not known, outside Ray)."""
+    try:
+        import ray
+
+        return sum(1 for n in ray.nodes() if n.get("Alive"))
+    except Exception:
+        return None
 
 
 def start_coordinator(events_file: str, observe: dict[str, Any] | None = None,

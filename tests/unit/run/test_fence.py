@@ -115,3 +115,19 @@ def test_the_coordinator_evicts_a_straggler_from_step_summaries(tmp_path) -> Non
     kinds = [(e["kind"], e.get("node")) for e in events(tmp_path) if e["kind"] != "steps"]
     assert kinds == [("straggler", B), ("node_quarantined", B)]
     assert c.excluded_nodes() == [B]
+
+
+def test_a_diagnosed_hang_counts_against_its_culprits_node(tmp_path) -> None:
+    from rayguard.events import make_event
+
+    c = coordinator(tmp_path, quarantine_after=2)
+    for attempt in (0, 1):
+        c._record_diagnosis(make_event(
+            "hang_diagnosed", f"rank 1 on node {B[:8]} never entered all_reduce #{attempt}",
+            attempt=attempt, culprits=[1], waiting=[0], nodes={"1": B}))
+    kinds = [e["kind"] for e in events(tmp_path)]
+    assert kinds.count("hang_diagnosed") == 2
+    assert list(c.quarantined_nodes()) == [B]
+    fenced = next(e for e in events(tmp_path) if e["kind"] == "node_quarantined")
+    assert (fenced["reason"], fenced["attempts"]) == ("hang_culprit", [0, 1])
+    assert A not in c.quarantined_nodes()  # the waiting rank's node is not blamed
