@@ -159,6 +159,8 @@ class RayReportBridge:
         record = reported.hash_directory(directory, rank)
         records = (self.link if in_loop else self.link.quiet()).gather(tag, record)
         writer = reported.writer_rank(records) == rank
+        if self.link.alone:  # replica groups each hold the whole state: rank 0's is sealed
+            writer = rank == 0
         if writer:
             reported.seal(directory, records, world_size=ctx.world_size, step=step,
                           metadata={"attempt": ctx.attempt,

@@ -94,6 +94,18 @@ def _worker_info(ctx: GuardContext) -> dict[str, Any]:
             "pid": os.getpid()}
 
 
+def _setup_infos(link: RunLink, ctx: GuardContext) -> list[dict[str, Any]]:
+    """Every rank's :func:`_worker_info`. A worker :attr:`~RunLink.alone` (its own replica
+    group) leaves its own with the coordinator and reads the others' there: a replacement
+    that Ray starts beside running peers finds theirs, left when they started."""
+    mine = _worker_info(ctx)
+    if not link.alone:
+        return link.gather("setup", mine)
+    link.mark(f"setup:{ctx.attempt}:{ctx.rank}", mine)
+    return [mine if r == ctx.rank else link.wait_for(f"setup:{ctx.attempt}:{r}")
+            for r in range(ctx.world_size)]
+
+
 def _pin_cuda(ctx: GuardContext, infos: list[dict[str, Any]]) -> None:
     import torch
 
@@ -202,11 +214,14 @@ class GuardedTrainFn:
     """The function Ray Train runs in each worker: rayguard's set-up, then the user's loop."""
 
     def __init__(self, inner: Callable[[], Any], guard: GuardConfig, coordinator: Any,
-                 run_dir: str) -> None:
+                 run_dir: str, *, replica_groups: bool = False) -> None:
         self.inner = inner
         self.guard = guard
         self.coordinator = coordinator
         self.run_dir = run_dir
+        self.replica_groups = replica_groups
+        """Whether Ray runs each worker as its own replica group (``TorchftConfig``) and
+        replaces a failed one alone: rayguard's gathers then stay within the worker."""
 
     def __call__(self) -> Any:
         session, hook, bridge = self._set_up()
@@ -242,8 +257,8 @@ class GuardedTrainFn:
         faults = parse_faults(";".join(filter(None, [self.guard.faults,
                                                      os.environ.get(FAULTS_ENV_VAR)])))
         store = _store(ctx.run_dir)
-        link, watchdog, last_step = start_watch(make_link(ctx, self.coordinator), self.guard,
-                                                store)
+        link, watchdog, last_step = start_watch(
+            make_link(ctx, self.coordinator, alone=self.replica_groups), self.guard, store)
         watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
         hook = watch_optimizer_steps(watchdog.heartbeat)
         try:
@@ -252,7 +267,7 @@ class GuardedTrainFn:
             link.record("preflight_error", str(exc), wait=True)
             raise
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
-        infos = link.gather("setup", _worker_info(ctx))
+        infos = _setup_infos(link, ctx)
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
         if self.guard.seed is not None:
@@ -277,7 +292,7 @@ class GuardedTrainFn:
                  faults: tuple[Fault, ...], inner: Any) -> WorkerSession:
         """The ranks' agreement, the preemption watch, the forwarding to Ray's own report
         (``inner``'s); the session from them."""
-        agreement = make_agreement(link.ctx.world_size, link.gather, watchdog.heartbeat)
+        agreement = make_agreement(link.peers, link.gather, watchdog.heartbeat)
         forwarder = Forwarder()
         preemption = watch_preemption(link, agreement, stop=watchdog.stop,
                                       flush=lambda timeout_s: forwarder.flush(timeout_s=timeout_s))
