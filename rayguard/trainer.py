@@ -110,7 +110,9 @@ class RobustTrainer(GuardHooksTrainer):
         if self.running_in_local_mode:
             return train_func
         return GuardedTrainFn(train_func, self.guard_config, self._coordinator, self.run_dir,
-                              replica_groups=self._replica_groups)
+                              replica_groups=self._replica_groups,
+                              max_failures=cast(FailureConfig,
+                                                self._rc.failure_config).max_failures)
 
     @property
     def _replica_groups(self) -> bool:

@@ -56,6 +56,12 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             if getattr(status, "error", None) is None:
                 self._reported.discard((self._attempt, rank))
         self._failed = set(worker_group_status.errors)
+        if self._failed:  # an in-place rollback may have opened attempts since the group start
+            try:
+                self._attempt = max(self._attempt, int(ray.get(
+                    self.coordinator.attempt.remote(), timeout=10)))
+            except Exception:
+                pass
         for rank, error in worker_group_status.errors.items():
             if (self._attempt, rank) in self._reported:
                 continue

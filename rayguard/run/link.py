@@ -147,6 +147,12 @@ class RunLink:
             time.sleep(0.05)
         raise RayGuardError(f"rank {self.ctx.rank}: no answer for {key!r} in {timeout_s} s")
 
+    def new_attempt(self) -> int:
+        """Open the run's next attempt at the coordinator (an in-place rollback's)."""
+        import ray
+
+        return int(ray.get(self.actor.new_attempt.remote(), timeout=self.timeouts.answer_s))
+
     def claim(self, key: str) -> bool:
         """Whether this rank is the first of the run to ask for ``key``."""
         import ray
@@ -274,6 +280,9 @@ class NullLink(RunLink):
 
     def _send_event(self, event: dict[str, Any], wait: bool) -> None:
         return None
+
+    def new_attempt(self) -> int:
+        return int(self.ctx.attempt) + 1
 
     def mark(self, key: str, value: Any) -> None:
         return None

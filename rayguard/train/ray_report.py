@@ -185,6 +185,18 @@ class RayReportBridge:
             self._chosen = None if latest is None else self._agreed_choice(latest)
         return self._chosen
 
+    def rolled_back(self, path: str | None) -> None:
+        """An in-place rollback (:mod:`rayguard.train.rollback`): from now on
+        ``get_checkpoint()`` answers the last committed checkpoint handed to Ray (``path``;
+        ``None``: none since this process started, the one it started from stays)."""
+        if path is None:
+            return
+        from ray.train import Checkpoint
+
+        fs = self.store.fs
+        self._chosen = Checkpoint.from_directory(path) if fs is None else Checkpoint(
+            path=path, filesystem=fs)
+
     def _agreed_choice(self, latest: Any) -> Any:
         link = self.link
         key = CHOSEN_KEY.format(attempt=link.ctx.attempt)

@@ -34,6 +34,7 @@ from rayguard.train.forwarding import ReportForwarding, ray_own_report
 from rayguard.train.memory_tier import MemoryTier
 from rayguard.train.pacing import pacing_for
 from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
+from rayguard.train.rollback import RollBack, re_enter
 from rayguard.train.seeding import rank_seed, seed_everything
 from rayguard.train.session import WorkerSession, current_session, set_current_session
 from rayguard.train.store import CheckpointStore, LocalStore, store_for
@@ -214,7 +215,7 @@ class GuardedTrainFn:
     """The function Ray Train runs in each worker: rayguard's set-up, then the user's loop."""
 
     def __init__(self, inner: Callable[[], Any], guard: GuardConfig, coordinator: Any,
-                 run_dir: str, *, replica_groups: bool = False) -> None:
+                 run_dir: str, *, replica_groups: bool = False, max_failures: int = -1) -> None:
         self.inner = inner
         self.guard = guard
         self.coordinator = coordinator
@@ -222,12 +223,15 @@ class GuardedTrainFn:
         self.replica_groups = replica_groups
         """Whether Ray runs each worker as its own replica group (``TorchftConfig``) and
         replaces a failed one alone: rayguard's gathers then stay within the worker."""
+        self.max_failures = max_failures
+        """The run's restart budget (``FailureConfig(max_failures)``; -1: unlimited): it
+        bounds the in-place rollbacks too."""
 
     def __call__(self) -> Any:
         session, hook, bridge = self._set_up()
         try:
             try:
-                result = self.inner()
+                result = self._run(session, bridge)
                 session.finish()  # the checkpoint in flight commits (or raises) first
             except BaseException as exc:
                 session.settle()
@@ -244,6 +248,14 @@ class GuardedTrainFn:
             if hook is not None:  # its optimizers' steps are no longer this session's
                 hook.remove()
             ray_report.uninstall(bridge)
+
+    def _run(self, session: WorkerSession, bridge: ray_report.RayReportBridge) -> Any:
+        """The user's function; again in this process after each in-place rollback."""
+        while True:
+            try:
+                return self.inner()
+            except RollBack as rollback:
+                re_enter(session, bridge, rollback, self.max_failures)
 
     def _set_up(self) -> tuple[WorkerSession, Any, ray_report.RayReportBridge]:
         from rayguard.logs import configure_logging, quiet_ray_reports
