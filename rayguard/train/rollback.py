@@ -14,7 +14,9 @@ rank moves to it (the gathers of the new attempt are its own), the event log get
 ``restart`` (``path="in_place"``, its phases), ``attempt_started`` and then ``restored``,
 so goodput and the progress line count it as one; the run's restart budget
 (``FailureConfig(max_failures)``) bounds the in-place rollbacks of a run, past it the run
-ends (``FatalNonFiniteMetricError``). The decision is :func:`plan_rollback` (pure).
+ends (``FatalNonFiniteMetricError``), and so does a NaN that comes back at the same step
+more than ``HealthConfig(crash_loop_retries)`` times (the crash-loop rule). The decision is
+:func:`plan_rollback` (pure).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 from rayguard.exceptions import FatalNonFiniteMetricError
 
 ROLLBACKS_KEY = "in_place_rollbacks"
-"""Coordinator key: how many in-place rollbacks the run made (rank 0 counts)."""
+"""Coordinator key: the run's in-place rollbacks (rank 0 counts): ``{"count", "step",
+"repeats"}``."""
 
 
 class RollBack(BaseException):
@@ -47,17 +50,29 @@ class RollbackDecision:
     ok: bool
     count: int
     """The run's in-place rollbacks, this one included."""
+    repeats: int = 0
+    """How many rollbacks before this one, in a row, saw their NaN at this same step."""
     reason: str = ""
 
 
-def plan_rollback(done: int, max_failures: int) -> RollbackDecision:
-    """``done`` rollbacks so far, against Ray's restart budget (``-1``: unlimited)."""
+def plan_rollback(done: int, max_failures: int, *, step: int, last_step: int | None = None,
+                  repeats: int = 0, crash_loop_retries: int = 1) -> RollbackDecision:
+    """``done`` rollbacks so far, against Ray's restart budget (``-1``: unlimited), and the
+    crash-loop rule: a NaN at the same step as the last rollback's (``last_step``) comes
+    back bit for bit from the same checkpoint; more than ``crash_loop_retries`` such
+    repeats end the run, as a crash loop of restarts does."""
     count = done + 1
+    repeats = repeats + 1 if step == last_step else 0
+    if repeats > crash_loop_retries:
+        return RollbackDecision(False, count, repeats, (
+            f"crash loop: NaN/inf at step {step} again after {repeats} in-place rollback(s) "
+            f"to the same checkpoint; HealthConfig(crash_loop_retries={crash_loop_retries}) "
+            "repeat(s) allowed"))
     if 0 <= max_failures < count:
-        return RollbackDecision(False, count, (
+        return RollbackDecision(False, count, repeats, (
             f"NaN/inf again: {done} in-place rollback(s) already, "
             f"FailureConfig(max_failures={max_failures}) allows no more"))
-    return RollbackDecision(True, count)
+    return RollbackDecision(True, count, repeats)
 
 
 def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -> None:
@@ -65,13 +80,18 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
     checkpoint (every rank calls it after the same report; rank 0 decides)."""
     link, ctx = session.link, session.ctx
     started = time.time()
-    session.settle()  # the checkpoint in flight gets its chance to commit, as before a restart
+    pending = session.checkpointer.pending_commit()  # the checkpoint in flight commits first
     mine = None
     if ctx.rank == 0:
-        decision = plan_rollback(int(link.get(ROLLBACKS_KEY) or 0), max_failures)
-        link.mark(ROLLBACKS_KEY, decision.count)
-        mine = (decision.ok, decision.reason, link.new_attempt() if decision.ok else None)
-    ok, reason, attempt = link.gather(f"rollback{session.report_count}", mine)[0]
+        done = link.get(ROLLBACKS_KEY) or {}
+        decision = plan_rollback(int(done.get("count", 0)), max_failures, step=rollback.step,
+                                 last_step=done.get("step"), repeats=int(done.get("repeats", 0)),
+                                 crash_loop_retries=session.guard.health.crash_loop_retries)
+        link.mark(ROLLBACKS_KEY, {"count": decision.count, "step": rollback.step,
+                                  "repeats": decision.repeats})
+        mine = (decision.ok, decision.reason, link.new_attempt() if decision.ok else None,
+                pending or session.forwarding.last_path)  # a commit returns to rank 0 only
+    ok, reason, attempt, path = link.gather(f"rollback{session.report_count}", mine)[0]
     if not ok:
         raise FatalNonFiniteMetricError(
             f"rank {ctx.rank} on node {ctx.node_id}: {reason}; the run ends. Fix: lower the "
@@ -84,7 +104,7 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
                     phases={"agree_s": agreed - rollback.seen_at, "settle_s": agreed - started})
     ctx.attempt = attempt
     session.injector.attempt = attempt
-    bridge.rolled_back(session.forwarding.last_path)
+    bridge.rolled_back(path)
     if ctx.rank == 0:
         link.record("attempt_started", f"attempt {attempt} started in place with "
                     f"{ctx.world_size} worker(s)", world_size=ctx.world_size,

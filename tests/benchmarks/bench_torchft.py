@@ -89,6 +89,9 @@ def main() -> None:
     import ray
 
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
+    # the same controller poll for both (Ray: 2 s, which every report would wait for;
+    # RobustTrainer sets 50 ms itself): the processes of the cluster inherit it
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.05")
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     figures = {}
     with tempfile.TemporaryDirectory() as root:

@@ -25,8 +25,10 @@ def live_loop(config):
     import torch.distributed as dist
 
     ctx = rayguard.train.get_context()
-    entered = {"rank": ctx.rank, "pid": os.getpid(), "ctx": id(ray.train.get_context()),
-               "attempt": ctx.attempt, "ray_checkpoint": None}
+    rctx = ray.train.get_context()  # Ray's view: the same after an in-place rollback
+    entered = {"rank": ctx.rank, "pid": os.getpid(), "ctx": id(ctx), "attempt": ctx.attempt,
+               "ray_ctx": [rctx.get_world_rank(), rctx.get_world_size(), rctx.get_local_rank(),
+                           rctx.get_experiment_name(), rctx.get_storage().experiment_fs_path]}
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -102,15 +104,18 @@ def test_nan_rolls_back_in_place_exactly(clean, tmp_path, mode, memory_tier):
         assert restored[-1]["tier"] == "memory", restored[-1]
     started = [e for e in events if e["kind"] == "attempt_started"]
     assert [e["attempt"] for e in started] == [0, 1] and started[1]["path"] == "in_place"
-    # No checkpoint was committed for the NaN step.
-    assert not [e for e in events if e["kind"] == "checkpoint_committed" and e["step"] == 4]
+    # No checkpoint was committed for the NaN step in the attempt that saw it.
+    assert not [e for e in events if e["kind"] == "checkpoint_committed"
+                and e["step"] == 4 and e["attempt"] == 0]
     for rank in (0, 1):
         runs = [e for e in entered if e["rank"] == rank]
         assert len(runs) == 2, entered  # the function ran twice in one process
         assert runs[0]["pid"] == runs[1]["pid"] and runs[0]["ctx"] == runs[1]["ctx"]
+        assert runs[0]["ray_ctx"] == runs[1]["ray_ctx"] and runs[0]["ray_ctx"][0] == rank
         assert [r["attempt"] for r in runs] == [0, 1]
         assert runs[0]["loaded_step"] is None and runs[1]["loaded_step"] == 3
-        assert runs[1]["ray_checkpoint"] is not None  # get_checkpoint(): the rolled-back one
+        # ray.train.get_checkpoint(): the rolled-back one, on every rank
+        assert runs[1]["ray_checkpoint"] == "checkpoint_000000003_a0", entered
 
 
 def test_restart_budget_bounds_in_place_rollbacks(ray_local_module, tmp_path):

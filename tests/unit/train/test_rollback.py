@@ -14,10 +14,20 @@ from rayguard.train.rollback import RollBack, plan_rollback
 @pytest.mark.parametrize("done, budget, ok", [(0, 3, True), (2, 3, True), (3, 3, False),
                                               (0, 0, False), (50, -1, True)])
 def test_the_restart_budget_bounds_rollbacks(done, budget, ok):
-    decision = plan_rollback(done, budget)
+    decision = plan_rollback(done, budget, step=done)
     assert decision.ok is ok and decision.count == done + 1
     if not ok:
         assert f"max_failures={budget}" in decision.reason and f"{done} in-place" in decision.reason
+
+
+def test_a_nan_that_comes_back_at_the_same_step_is_a_crash_loop():
+    first = plan_rollback(0, -1, step=7)
+    again = plan_rollback(1, -1, step=7, last_step=7, repeats=first.repeats)
+    assert first.ok and again.ok and again.repeats == 1  # one repeat allowed by default
+    third = plan_rollback(2, -1, step=7, last_step=7, repeats=again.repeats)
+    assert not third.ok and "crash loop" in third.reason and "crash_loop_retries=1" in third.reason
+    assert plan_rollback(2, -1, step=9, last_step=7, repeats=1).ok  # progress: a new step
+    assert not plan_rollback(0, -1, step=7, last_step=7, crash_loop_retries=0).ok
 
 
 def test_rollback_is_not_an_exception_a_loop_would_swallow():
