@@ -13,6 +13,7 @@ from rayguard.exceptions import config_error, strict_fields
 from rayguard.health.config import HealthConfig
 
 NumaMode = Literal["auto", "strict", "off"]
+RecoveryMode = Literal["restart", "live"]
 LrScaling = Literal["none", "linear", "sqrt"]
 CheckpointMode = Literal["sync", "async"]
 
@@ -167,6 +168,13 @@ class GuardConfig:
     """How ``report(state=...)`` persists: ``CheckpointConfig(mode="sync"|"async",
     memory_tier=...)``."""
 
+    recovery: RecoveryMode = "restart"
+    """How a NaN/inf (``nan_policy="restart"``) is recovered: ``"restart"``, Ray Train
+    restarts the worker group; ``"live"``, every rank agrees at that
+    ``rayguard.train.report`` and re-enters the training function in its own process from
+    the last committed checkpoint (memory tier or disk), no worker restarted. Counted like a
+    restart (``FailureConfig(max_failures)``); ``ray.train.report`` loops keep ``"restart"``."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, CheckpointConfig):
             raise config_error("GuardConfig", "checkpoint", self.checkpoint,
@@ -181,6 +189,9 @@ class GuardConfig:
         if not isinstance(self.health, HealthConfig):
             raise config_error("GuardConfig", "health", self.health, "must be a rayguard.HealthConfig",
                                "pass health=rayguard.HealthConfig(...)")
+        if self.recovery not in ("restart", "live"):
+            raise config_error("GuardConfig", "recovery", self.recovery,
+                               'must be "restart" or "live"', 'pass recovery="live"')
         if self.numa not in ("auto", "strict", "off"):
             raise config_error("GuardConfig", "numa", self.numa, 'must be "auto", "strict" or "off"',
                                'pass numa="auto"')

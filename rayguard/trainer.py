@@ -117,7 +117,16 @@ class RobustTrainer(GuardHooksTrainer):
 
         if self.running_in_local_mode:
             return train_func
-        return GuardedTrainFn(train_func, self.guard_config, self._coordinator, self.run_dir)
+        return GuardedTrainFn(train_func, self.guard_config, self._coordinator, self.run_dir,
+                              replica_groups=self._replica_groups,
+                              max_failures=cast(FailureConfig,
+                                                self._rc.failure_config).max_failures)
+
+    @property
+    def _replica_groups(self) -> bool:
+        """Whether the backend (Ray's ``TorchftConfig``) runs each worker as its own replica
+        group, which Ray's controller replaces alone when it fails."""
+        return bool(getattr(self.backend_config.backend_cls, "has_replica_groups", False))
 
     def controller_callbacks(self, callbacks: list[Any]) -> list[Any]:
         from rayguard.controller.callbacks import RayGuardCallback
@@ -126,7 +135,8 @@ class RobustTrainer(GuardHooksTrainer):
         store = None
         if self._coordinator is not None:
             callbacks.append(RayGuardCallback(
-                self._coordinator, quarantine=self.guard_config.health.quarantine_after is not None))
+                self._coordinator, quarantine=self.guard_config.health.quarantine_after is not None,
+                replica_groups=self._replica_groups))
             store = CoordinatorStore(self._coordinator)
         callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store))
         return callbacks

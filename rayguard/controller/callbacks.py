@@ -40,13 +40,18 @@ def failure_fields(failure: Failure) -> dict[str, Any]:
 
 
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
-    def __init__(self, coordinator: Any, quarantine: bool = False) -> None:
+    def __init__(self, coordinator: Any, quarantine: bool = False, *,
+                 replica_groups: bool = False) -> None:
         self.coordinator = coordinator
         self.fence = FenceView(coordinator) if quarantine else None
         """The quarantined nodes (``None``: quarantine off, no node is counted or left out)."""
+        self.replica_groups = replica_groups
+        """Ray replaces a failed replica group alone (``TorchftConfig``): no new attempt."""
         self._attempt = -1
         self._reported: set[tuple[int, int]] = set()
         self._nodes: list[str] = []  # the node of each rank of the running group
+        self._failed: set[int] = set()  # the ranks failed at the last poll
+        self._world = 0  # the ranks the last poll saw
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         """Runs in the controller before each worker group starts: a new attempt, placed off
@@ -75,6 +80,18 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         import ray
 
         counted: list[NodeFailure] = []
+        statuses = getattr(worker_group_status, "worker_statuses", None) or {}
+        self._world = len(statuses)
+        for rank, status in statuses.items():  # a replaced rank that runs may fail again
+            if getattr(status, "error", None) is None:
+                self._reported.discard((self._attempt, rank))
+        self._failed = set(worker_group_status.errors)
+        if self._failed:  # an in-place rollback may have opened attempts since the group start
+            try:
+                self._attempt = max(self._attempt, int(ray.get(
+                    self.coordinator.attempt.remote(), timeout=10)))
+            except Exception:
+                pass
         for rank, error in worker_group_status.errors.items():
             if (self._attempt, rank) in self._reported:
                 continue
@@ -112,7 +129,15 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
         """Runs in the controller when a failure was handled: RETRY means a restart."""
         decision = getattr(failure_decision, "value", str(failure_decision))
-        if decision == "RETRY":
+        if decision != "RETRY":
+            return
+        if self.replica_groups and self._failed and len(self._failed) < self._world:
+            ranks = sorted(self._failed)  # Ray's controller replaces only these
             self.coordinator.record.remote(make_event(
-                "restart", f"worker group restarts after attempt {self._attempt}",
-                attempt=self._attempt))
+                "restart", f"rank(s) {ranks} replaced in attempt {self._attempt} (Ray's "
+                "replica-group restart); the other workers keep their processes",
+                attempt=self._attempt, path="replica_group", ranks=ranks))
+            return
+        self.coordinator.record.remote(make_event(
+            "restart", f"worker group restarts after attempt {self._attempt}",
+            attempt=self._attempt))

@@ -27,15 +27,21 @@ class FiniteGuard:
         self.link = link
         self.flush = flush
 
-    def check(self, metrics: dict[str, Any], step: int) -> None:
-        """Raise when a watched metric of this report is NaN or inf."""
+    def check(self, metrics: dict[str, Any], step: int, *, defer: bool = False) -> bool:
+        """Raise when a watched metric of this report is NaN or inf. ``defer``: with
+        ``nan_policy="restart"``, return True instead (the caller rolls every rank back in
+        place, ``GuardConfig(recovery="live")``); False when every metric is finite."""
         health = self.health
         decision = check_finite(metrics, health.watch_metrics, policy=health.nan_policy,
                                 step=step)
         if decision.ok:
-            return
+            return False
+        deferred = defer and decision.action != "fail"
         self.link.record("nan_detected", f"{decision.reason}; policy {health.nan_policy}",
-                         step=step, wait=True, value=str(decision.value))
+                         step=step, wait=True, value=str(decision.value),
+                         path="in_place" if deferred else "restart")
+        if deferred:
+            return True
         self.flush()
         cls = FatalNonFiniteMetricError if decision.action == "fail" else NonFiniteMetricError
         what = ("the run ends (nan_policy='fail')" if decision.action == "fail" else

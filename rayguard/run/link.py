@@ -64,12 +64,21 @@ class RunLink:
     """Whether a coordinator answers (the memory tier needs one)."""
 
     def __init__(self, ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts(),
-                 heartbeat: Callable[[], None] | None = None) -> None:
+                 heartbeat: Callable[[], None] | None = None, alone: bool = False) -> None:
         self.ctx = ctx
         """The worker's :class:`~rayguard.train.context.GuardContext`."""
         self.actor = actor
         self.timeouts = timeouts
         self._heartbeat = heartbeat
+        self.alone = alone
+        """Whether this worker gathers with no peer: it is its own replica group (Ray's
+        ``TorchftConfig``), which Ray replaces on its own while the others run on, so a
+        gather with the others could never complete for a replacement."""
+
+    @property
+    def peers(self) -> int:
+        """How many ranks a gather waits for: the world, or 1 when :attr:`alone`."""
+        return 1 if self.alone else int(self.ctx.world_size)
 
     def feeding(self, heartbeat: Callable[[], None] | None) -> RunLink:
         """The same link whose waits call ``heartbeat`` (the training loop's link)."""
@@ -139,6 +148,12 @@ class RunLink:
             time.sleep(0.05)
         raise RayGuardError(f"rank {self.ctx.rank}: no answer for {key!r} in {timeout_s} s")
 
+    def new_attempt(self) -> int:
+        """Open the run's next attempt at the coordinator (an in-place rollback's)."""
+        import ray
+
+        return int(ray.get(self.actor.new_attempt.remote(), timeout=self.timeouts.answer_s))
+
     def claim(self, key: str) -> bool:
         """Whether this rank is the first of the run to ask for ``key``."""
         import ray
@@ -148,7 +163,7 @@ class RunLink:
     # -- the gather ---------------------------------------------------------------------------
     def gather(self, tag: str, value: Any) -> list[Any]:
         """All ranks' values for ``tag`` in rank order (a tag is used once per attempt)."""
-        if self.ctx.world_size == 1:
+        if self.peers == 1:
             return [value]
         import ray
 
@@ -166,7 +181,7 @@ class RunLink:
     def contribute(self, tag: str, value: Any) -> None:
         """Join the gather ``tag`` without waiting for its result (a rank with nothing to
         add where some peers may have something)."""
-        if self.ctx.world_size == 1:
+        if self.peers == 1:
             return
         self.actor.gather.remote(f"a{self.ctx.attempt}:{tag}", self.ctx.rank,
                                  self.ctx.world_size, value)
@@ -308,6 +323,9 @@ class NullLink(RunLink):
     def _send_event(self, event: dict[str, Any], wait: bool) -> None:
         return None
 
+    def new_attempt(self) -> int:
+        return int(self.ctx.attempt) + 1
+
     def mark(self, key: str, value: Any) -> None:
         return None
 
@@ -373,9 +391,10 @@ class NullLink(RunLink):
         return None
 
 
-def make_link(ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts()) -> RunLink:
+def make_link(ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts(),
+              alone: bool = False) -> RunLink:
     """The link of a worker: a :class:`RunLink` over ``actor``, or a :class:`NullLink` when
-    the run has no coordinator."""
+    the run has no coordinator; ``alone``: see :attr:`RunLink.alone`."""
     if actor is None:
         return NullLink(ctx, timeouts=timeouts)
-    return RunLink(ctx, actor, timeouts=timeouts)
+    return RunLink(ctx, actor, timeouts=timeouts, alone=alone)

@@ -40,6 +40,9 @@ class Flags(NamedTuple):
     interval: bool = False
     """Rank 0's checkpoint interval policy says a checkpoint is due
     (:mod:`rayguard.train.pacing`)."""
+    nonfinite: bool = False
+    """A watched metric is NaN/inf on this rank and ``GuardConfig(recovery="live")``: every
+    rank rolls back in place (:mod:`rayguard.train.rollback`)."""
 
     def merge(self, other: Flags) -> Flags:
         return Flags(*(a or b for a, b in zip(self, other, strict=True)))

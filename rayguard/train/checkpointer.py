@@ -99,6 +99,14 @@ class Checkpointer:
         """Seconds the last background save took (``None``: sync mode, or none finished)."""
         return None if self.async_checkpoints is None else self.async_checkpoints.persist_s
 
+    def pending_commit(self) -> str | None:
+        """Wait for the checkpoint in flight (its error is raised here) and return the
+        newest committed directory not yet handed to Ray, without taking it (an in-place
+        rollback resumes from it; the next report still forwards it)."""
+        if self.async_checkpoints is not None:
+            self._collect(self.async_checkpoints.wait)
+        return self._committed
+
     def take_committed(self) -> str | None:
         """The checkpoint committed in the background since the last report (once)."""
         path, self._committed = self._committed, None

@@ -45,7 +45,11 @@ class ReportForwarding:
         self.forwarder = forwarder
         self.fs = fs
         self.raw = raw
+        self.last_path: str | None = None
+        """The last committed checkpoint handed to Ray (an in-place rollback's resume)."""
 
     def forward(self, metrics: dict[str, Any], path: str | None) -> Future:
         """Queue one report (with the committed checkpoint at ``path``, if any)."""
+        if path is not None:
+            self.last_path = path
         return self.forwarder.submit(_forward, self.raw, metrics, path, self.fs)

@@ -167,6 +167,8 @@ class RayReportBridge:
         record = reported.hash_directory(directory, rank)
         records = (self.link if in_loop else self.link.quiet()).gather(tag, record)
         writer = reported.writer_rank(records) == rank
+        if self.link.alone:  # replica groups each hold the whole state: rank 0's is sealed
+            writer = rank == 0
         if writer:
             reported.seal(directory, records, world_size=ctx.world_size, step=step,
                           metadata={"attempt": ctx.attempt,
@@ -190,6 +192,18 @@ class RayReportBridge:
             latest = self.inner.get_checkpoint()
             self._chosen = None if latest is None else self._agreed_choice(latest)
         return self._chosen
+
+    def rolled_back(self, path: str | None) -> None:
+        """An in-place rollback (:mod:`rayguard.train.rollback`): from now on
+        ``get_checkpoint()`` answers the last committed checkpoint handed to Ray (``path``;
+        ``None``: none since this process started, the one it started from stays)."""
+        if path is None:
+            return
+        from ray.train import Checkpoint
+
+        fs = self.store.fs
+        self._chosen = Checkpoint.from_directory(path) if fs is None else Checkpoint(
+            path=path, filesystem=fs)
 
     def _agreed_choice(self, latest: Any) -> Any:
         link = self.link

@@ -26,6 +26,7 @@ from rayguard.train.checkpointer import Checkpointer
 from rayguard.train.forwarding import ReportForwarding
 from rayguard.train.pacing import CheckpointPacing
 from rayguard.train.preemption import PreemptionWatch
+from rayguard.train.rollback import RollBack
 from rayguard.train.steps import plain, resolve_step
 
 
@@ -53,6 +54,8 @@ class WorkerSession:
                                       on_fire=announcer(link, lambda: self.last_step))
         self.finite = FiniteGuard(guard.health, link, self.forwarder.flush_quietly)
         self.last_step = -1
+        self.nonfinite = False
+        """This report's watched metric was NaN/inf here (``recovery="live"``)."""
         self.report_count = 0
         self.load_count = 0
         self._last_metrics: dict[str, Any] | None = None
@@ -74,13 +77,14 @@ class WorkerSession:
         return self.preemption.should_checkpoint() or self.pacing.should_checkpoint()
 
     def observe(self, metrics: dict[str, Any], *, step: int | None = None,
-                state: Any = None) -> tuple[dict[str, Any], int]:
+                state: Any = None, defer_nan: bool = False) -> tuple[dict[str, Any], int]:
         """A report reached this rank (``rayguard.train.report`` or ``ray.train.report``): its
-        plain metrics and step; faults fire, NaN/inf raise, the watchdog sees a step."""
+        plain metrics and step; faults fire, NaN/inf raise (``defer_nan``: set
+        :attr:`nonfinite` instead), the watchdog sees a step."""
         metrics = {k: plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)
-        self.finite.check(metrics, step)
+        self.nonfinite = self.finite.check(metrics, step, defer=defer_nan)
         self.watchdog.step_completed()
         self.last_step = step
         return metrics, step
@@ -109,14 +113,18 @@ class WorkerSession:
     def report(self, metrics: dict[str, Any], *, state: Any = None, step: int | None = None,
                sharded: Any = None) -> None:
         started = time.perf_counter()
-        metrics, step = self.observe(metrics, step=step, state=state)
+        metrics, step = self.observe(metrics, step=step, state=state,
+                                     defer_nan=self.guard.recovery == "live")
         self.report_count += 1
         self.checkpointer.collect()  # a background failure raises here
-        if state is not None:
+        if state is not None and not self.nonfinite:
             check_checkpointable(state, self.ctx.rank)
         flags = self.agreement.agree(Flags(
             state is not None, sharded is not None, self.preemption.local_flag(step),
-            self.pacing.local_flag(in_flight=self.checkpointer.in_flight)))
+            self.pacing.local_flag(in_flight=self.checkpointer.in_flight), self.nonfinite))
+        if flags.nonfinite:  # some rank's metric is NaN/inf: every rank rolls back in place
+            self.nonfinite = False
+            raise RollBack(step)
         checkpoint = None
         if needs_protocol(flags, first=self.report_count == 1, world_size=self.ctx.world_size):
             checkpoint = self.checkpointer.save(state, step, sharded,

@@ -35,6 +35,7 @@ from rayguard.train.forwarding import ReportForwarding, ray_own_report
 from rayguard.train.memory_tier import MemoryTier
 from rayguard.train.pacing import pacing_for
 from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
+from rayguard.train.rollback import RollBack, re_enter
 from rayguard.train.seeding import rank_seed, seed_everything
 from rayguard.train.session import WorkerSession, current_session, set_current_session
 from rayguard.train.store import CheckpointStore, LocalStore, store_for
@@ -93,6 +94,18 @@ def _worker_info(ctx: GuardContext) -> dict[str, Any]:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "num_cpus": resources.get("CPU", 0.0), "fractional_gpu": 0 < gpus < 1,
             "pid": os.getpid()}
+
+
+def _setup_infos(link: RunLink, ctx: GuardContext) -> list[dict[str, Any]]:
+    """Every rank's :func:`_worker_info`. A worker :attr:`~RunLink.alone` (its own replica
+    group) leaves its own with the coordinator and reads the others' there: a replacement
+    that Ray starts beside running peers finds theirs, left when they started."""
+    mine = _worker_info(ctx)
+    if not link.alone:
+        return link.gather("setup", mine)
+    link.mark(f"setup:{ctx.attempt}:{ctx.rank}", mine)
+    return [mine if r == ctx.rank else link.wait_for(f"setup:{ctx.attempt}:{r}")
+            for r in range(ctx.world_size)]
 
 
 def _pin_cuda(ctx: GuardContext, infos: list[dict[str, Any]]) -> None:
@@ -207,17 +220,23 @@ class GuardedTrainFn:
     """The function Ray Train runs in each worker: rayguard's set-up, then the user's loop."""
 
     def __init__(self, inner: Callable[[], Any], guard: GuardConfig, coordinator: Any,
-                 run_dir: str) -> None:
+                 run_dir: str, *, replica_groups: bool = False, max_failures: int = -1) -> None:
         self.inner = inner
         self.guard = guard
         self.coordinator = coordinator
         self.run_dir = run_dir
+        self.replica_groups = replica_groups
+        """Whether Ray runs each worker as its own replica group (``TorchftConfig``) and
+        replaces a failed one alone: rayguard's gathers then stay within the worker."""
+        self.max_failures = max_failures
+        """The run's restart budget (``FailureConfig(max_failures)``; -1: unlimited): it
+        bounds the in-place rollbacks too."""
 
     def __call__(self) -> Any:
         session, hook, bridge = self._set_up()
         try:
             try:
-                result = self.inner()
+                result = self._run(session, bridge)
                 session.finish()  # the checkpoint in flight commits (or raises) first
             except BaseException as exc:
                 session.settle()
@@ -235,6 +254,14 @@ class GuardedTrainFn:
                 hook.remove()
             ray_report.uninstall(bridge)
 
+    def _run(self, session: WorkerSession, bridge: ray_report.RayReportBridge) -> Any:
+        """The user's function; again in this process after each in-place rollback."""
+        while True:
+            try:
+                return self.inner()
+            except RollBack as rollback:
+                re_enter(session, bridge, rollback, self.max_failures)
+
     def _set_up(self) -> tuple[WorkerSession, Any, ray_report.RayReportBridge]:
         from rayguard.logs import configure_logging, quiet_ray_reports
 
@@ -247,8 +274,8 @@ class GuardedTrainFn:
         faults = parse_faults(";".join(filter(None, [self.guard.faults,
                                                      os.environ.get(FAULTS_ENV_VAR)])))
         store = _store(ctx.run_dir)
-        link, watchdog, last_step, probe = start_watch(make_link(ctx, self.coordinator),
-                                                       self.guard, store)
+        link, watchdog, last_step, probe = start_watch(
+            make_link(ctx, self.coordinator, alone=self.replica_groups), self.guard, store)
         watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
         hook = watch_optimizer_steps(watchdog.heartbeat)
         try:
@@ -257,7 +284,7 @@ class GuardedTrainFn:
             link.record("preflight_error", str(exc), wait=True)
             raise
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
-        infos = link.gather("setup", _worker_info(ctx))
+        infos = _setup_infos(link, ctx)
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed
@@ -285,7 +312,7 @@ class GuardedTrainFn:
                  faults: tuple[Fault, ...], inner: Any) -> WorkerSession:
         """The ranks' agreement, the preemption watch, the forwarding to Ray's own report
         (``inner``'s); the session from them."""
-        agreement = make_agreement(link.ctx.world_size, link.gather, watchdog.heartbeat)
+        agreement = make_agreement(link.peers, link.gather, watchdog.heartbeat)
         forwarder = Forwarder()
         preemption = watch_preemption(link, agreement, stop=watchdog.stop,
                                       flush=lambda timeout_s: forwarder.flush(timeout_s=timeout_s))

@@ -139,6 +139,7 @@ def test_robust_trainer_is_a_torch_trainer():
     ({"lr_scaling": "cubic"}, "GuardConfig(lr_scaling='cubic')"),
     ({"preflight": 1}, "GuardConfig(preflight=1)"),
     ({"controller_poll_interval_s": 0}, "GuardConfig(controller_poll_interval_s=0)"),
+    ({"recovery": "fast"}, "GuardConfig(recovery='fast')"),
     ({"checkpoint": {"mode": "async"}}, "GuardConfig(checkpoint="),
 ])
 def test_guard_config_errors_name_field_value_and_fix(kwargs, needle):

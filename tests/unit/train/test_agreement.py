@@ -63,9 +63,10 @@ def _rank(rank: int, init_file: str, late_s: float, out) -> None:
     first = agreement.agree(Flags(notice=rank == 1))
     second = agreement.agree(Flags())
     third = agreement.agree(Flags(interval=rank == 0))  # rank 0's interval policy: due
+    fourth = agreement.agree(Flags(nonfinite=rank == 1))  # rank 1 saw a NaN (recovery="live")
     agreement.barrier()
     out.put((rank, tuple(first), tuple(second), len(beats), type(agreement).__name__,
-             tuple(third)))
+             tuple(third), tuple(fourth)))
     dist.destroy_process_group()
 
 
@@ -80,10 +81,11 @@ def test_a_gloo_all_reduce_agrees_and_waiting_for_a_late_rank_is_a_heartbeat():
         results = sorted(out.get(timeout=120) for _ in procs)
         for p in procs:
             p.join(timeout=60)
-    for rank, first, second, _beats, kind, third in results:
+    for rank, first, second, _beats, kind, third, fourth in results:
         assert kind == "CollectiveAgreement"
-        # four flags: state, sharded, notice, interval
-        assert first == (False, False, True, False), rank  # rank 1's notice reached rank 0
-        assert second == (False, False, False, False)
-        assert third == (False, False, False, True), rank  # rank 0's interval reached rank 1
+        # five flags: state, sharded, notice, interval, nonfinite
+        assert first == (False, False, True, False, False), rank  # rank 1's notice reached rank 0
+        assert second == (False, False, False, False, False)
+        assert third == (False, False, False, True, False), rank  # rank 0's interval reached rank 1
+        assert fourth == (False, False, False, False, True), rank  # rank 1's NaN reached rank 0
     assert results[0][3] >= 1  # rank 0 waited > 1 s for rank 1 and heartbeat meanwhile

@@ -1,0 +1,114 @@
+"""NaN/inf rolled back in place (``GuardConfig(recovery="live")``): no worker restarts.
+
+A rank that sees a non-finite watched metric at ``rayguard.train.report`` does not raise;
+it sets the ``nonfinite`` flag of the report's agreement (:mod:`rayguard.train.agreement`),
+so every rank learns it at the same report and raises :class:`RollBack` out of it. The
+set-up wrapper (:class:`rayguard.train.setup.GuardedTrainFn`) catches it, calls
+:func:`re_enter` and runs the training function again in the same process: the model, the
+process group, the compiled code and the data loader's worker processes stay;
+``rayguard.train.load_state()`` (and ``ray.train.get_checkpoint()``) then return the last
+committed checkpoint, from the memory tier when it holds it, else from disk.
+
+Accounting as a restart: rank 0 takes a new attempt from the run's coordinator and every
+rank moves to it (the gathers of the new attempt are its own), the event log gets
+``restart`` (``path="in_place"``, its phases), ``attempt_started`` and then ``restored``,
+so goodput and the progress line count it as one; the run's restart budget
+(``FailureConfig(max_failures)``) bounds the in-place rollbacks of a run, past it the run
+ends (``FatalNonFiniteMetricError``), and so does a NaN that comes back at the same step
+more than ``HealthConfig(crash_loop_retries)`` times (the crash-loop rule). The decision is
+:func:`plan_rollback` (pure).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rayguard.exceptions import FatalNonFiniteMetricError
+
+ROLLBACKS_KEY = "in_place_rollbacks"
+"""Coordinator key: the run's in-place rollbacks (rank 0 counts): ``{"count", "step",
+"repeats"}``."""
+
+
+class RollBack(BaseException):
+    """Raised out of ``rayguard.train.report`` on every rank when a rank's watched metric
+    was NaN/inf: not an ``Exception``, so that a loop's ``except Exception`` does not stop
+    it on its way to the set-up wrapper."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
+        self.seen_at = time.time()
+
+
+@dataclass(frozen=True)
+class RollbackDecision:
+    """What the ranks do after a NaN: roll back (``ok``) or end the run (``reason``)."""
+
+    ok: bool
+    count: int
+    """The run's in-place rollbacks, this one included."""
+    repeats: int = 0
+    """How many rollbacks before this one, in a row, saw their NaN at this same step."""
+    reason: str = ""
+
+
+def plan_rollback(done: int, max_failures: int, *, step: int, last_step: int | None = None,
+                  repeats: int = 0, crash_loop_retries: int = 1) -> RollbackDecision:
+    """``done`` rollbacks so far, against Ray's restart budget (``-1``: unlimited), and the
+    crash-loop rule: a NaN at the same step as the last rollback's (``last_step``) comes
+    back bit for bit from the same checkpoint; more than ``crash_loop_retries`` such
+    repeats end the run, as a crash loop of restarts does."""
+    count = done + 1
+    repeats = repeats + 1 if step == last_step else 0
+    if repeats > crash_loop_retries:
+        return RollbackDecision(False, count, repeats, (
+            f"crash loop: NaN/inf at step {step} again after {repeats} in-place rollback(s) "
+            f"to the same checkpoint; HealthConfig(crash_loop_retries={crash_loop_retries}) "
+            "repeat(s) allowed"))
+    if 0 <= max_failures < count:
+        return RollbackDecision(False, count, repeats, (
+            f"NaN/inf again: {done} in-place rollback(s) already, "
+            f"FailureConfig(max_failures={max_failures}) allows no more"))
+    return RollbackDecision(True, count, repeats)
+
+
+def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -> None:
+    """Prepare this rank to run the training function again from the last committed
+    checkpoint (every rank calls it after the same report; rank 0 decides)."""
+    link, ctx = session.link, session.ctx
+    started = time.time()
+    pending = session.checkpointer.pending_commit()  # the checkpoint in flight commits first
+    mine = None
+    if ctx.rank == 0:
+        done = link.get(ROLLBACKS_KEY) or {}
+        decision = plan_rollback(int(done.get("count", 0)), max_failures, step=rollback.step,
+                                 last_step=done.get("step"), repeats=int(done.get("repeats", 0)),
+                                 crash_loop_retries=session.guard.health.crash_loop_retries)
+        link.mark(ROLLBACKS_KEY, {"count": decision.count, "step": rollback.step,
+                                  "repeats": decision.repeats})
+        mine = (decision.ok, decision.reason, link.new_attempt() if decision.ok else None,
+                pending or session.forwarding.last_path)  # a commit returns to rank 0 only
+    ok, reason, attempt, path = link.gather(f"rollback{session.report_count}", mine)[0]
+    if not ok:
+        raise FatalNonFiniteMetricError(
+            f"rank {ctx.rank} on node {ctx.node_id}: {reason}; the run ends. Fix: lower the "
+            "learning rate, clip gradients, or check the data at that step.")
+    agreed = time.time()
+    if ctx.rank == 0:
+        link.record("restart", f"NaN/inf at step {rollback.step}: every rank re-enters the "
+                    f"training function in its own process (attempt {attempt})",
+                    step=rollback.step, path="in_place",
+                    phases={"agree_s": agreed - rollback.seen_at, "settle_s": agreed - started})
+    ctx.attempt = attempt
+    session.injector.attempt = attempt
+    bridge.rolled_back(path)
+    if ctx.rank == 0:
+        link.record("attempt_started", f"attempt {attempt} started in place with "
+                    f"{ctx.world_size} worker(s)", world_size=ctx.world_size,
+                    setup_start_time=started, path="in_place")
+
+
+__all__ = ["ROLLBACKS_KEY", "RollBack", "RollbackDecision", "plan_rollback", "re_enter"]

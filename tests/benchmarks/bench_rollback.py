@@ -1,0 +1,96 @@
+"""NaN to the next step: in-place rollback (``GuardConfig(recovery="live")``) vs the group
+restart (``"restart"``), RobustTrainer, 2 CPU workers, DDP on gloo.
+
+A loss of NaN is injected on rank 0 at step ``--nan-step``; every step is checkpointed
+(``--memory-tier`` keeps the copy in memory too). Printed per mode: the seconds from the NaN
+step's report to the same step done again after the recovery (rank 0's clock), the run's
+wall time, and whether every rank kept its process. Target (live): <= 1 s. Run under the
+shared lock:
+
+    flock /tmp/rayguard-ray.lock .venv/bin/python tests/benchmarks/bench_rollback.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+
+def loop(config):
+    import torch
+    import torch.distributed as dist
+
+    import rayguard
+
+    ctx = rayguard.train.get_context()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    state = rayguard.train.load_state()
+    start = 0 if state is None else state["step"] + 1
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+    for step in range(start, config["steps"]):
+        loss = ddp(torch.randn(32, 64)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with open(config["log"], "a") as f:
+            f.write(json.dumps({"rank": ctx.rank, "pid": os.getpid(), "step": step,
+                                "t": time.time()}) + "\n")
+        rayguard.train.report({"loss": loss.item(), "step": step},
+                              state={"model": model.state_dict(), "optim": opt.state_dict(),
+                                     "step": step} if ctx.rank == 0 else None)
+    dist.barrier()
+
+
+def run(recovery: str, args: argparse.Namespace, root: str) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+
+    import rayguard
+
+    log = os.path.join(root, f"{recovery}.jsonl")
+    guard = rayguard.GuardConfig(numa="off", recovery=recovery,
+                                 faults=f"nan:rank=0,step={args.nan_step}",
+                                 checkpoint=rayguard.CheckpointConfig(
+                                     memory_tier=args.memory_tier))
+    started = time.perf_counter()
+    rayguard.RobustTrainer(loop, train_loop_config={"steps": args.steps, "log": log},
+                           scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(storage_path=root, name=recovery),
+                           guard_config=guard).fit()
+    wall = time.perf_counter() - started
+    with open(log) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    at_nan = [r["t"] for r in rows if r["rank"] == 0 and r["step"] == args.nan_step]
+    pids = {rank: {r["pid"] for r in rows if r["rank"] == rank} for rank in (0, 1)}
+    return {"nan_to_next_step_s": round(at_nan[1] - at_nan[0], 3) if len(at_nan) > 1 else None,
+            "wall_s": round(wall, 2), "kept_processes": all(len(p) == 1 for p in pids.values())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--nan-step", type=int, default=15)
+    parser.add_argument("--memory-tier", action="store_true")
+    args = parser.parse_args()
+    import ray
+
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    with tempfile.TemporaryDirectory() as root:
+        figures = {mode: run(mode, args, root) for mode in ("live", "restart")}
+    ray.shutdown()
+    print(json.dumps(figures, indent=1))
+    live, restart = figures["live"]["nan_to_next_step_s"], figures["restart"]["nan_to_next_step_s"]
+    if live and restart:
+        print(f"NaN to next step: live {live} s, restart {restart} s (ratio {live / restart:.2f})")
+
+
+if __name__ == "__main__":
+    main()

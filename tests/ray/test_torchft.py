@@ -1,0 +1,72 @@
+"""RobustTrainer with Ray's ``TorchftConfig`` (2 CPU workers, gloo, Ray's own torchft example
+loop): a killed or failing rank is replaced alone by Ray's replica-group restart, rank 0
+keeps its process, and the run finishes (before, the replacement waited in rayguard's
+set-up for peers that were already training, and the run hung)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("torchft")
+
+import rayguard  # noqa: E402
+from rayguard.events import read as read_events  # noqa: E402
+
+STEPS = 30
+
+
+def pid_loop(config):
+    """Ray's torchft example loop, after leaving this worker's rank and PID in a file."""
+    import ray.train
+    from ray.train.v2.examples.pytorch.torchft_linear_example import train_func
+
+    rank = ray.train.get_context().get_world_rank()
+    with open(config["pids"], "a") as f:
+        f.write(f"{rank} {os.getpid()}\n")
+    return train_func(config)
+
+
+def _fit(tmp_path, name, *, faults=None, error_step=None):
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.torch.torchft_config import TorchftConfig
+
+    pids = str(tmp_path / f"{name}.pids")
+    config = {"num_steps": STEPS, "report_interval": 10, "pids": pids}
+    if error_step is not None:
+        config.update(error_step=error_step, error_rank=1)
+    trainer = rayguard.RobustTrainer(
+        pid_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+        # min_replicas=2: the survivor waits for the replacement rather than training alone
+        torch_config=TorchftConfig(lighthouse_kwargs={"min_replicas": 2}, backend="gloo"),
+        run_config=RunConfig(storage_path=str(tmp_path), name=name,
+                             failure_config=FailureConfig(max_failures=2)),
+        guard_config=rayguard.GuardConfig(numa="off", faults=faults))
+    result = trainer.fit()
+    with open(pids) as f:
+        started = [tuple(int(v) for v in line.split()) for line in f if line.strip()]
+    return result, started, read_events(result.path)
+
+
+def _pids(started, rank):
+    return [pid for r, pid in started if r == rank]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", ["kill", "raise"])
+def test_rank1_replaced_rank0_keeps_its_process(ray_local_module, tmp_path, fault):
+    kw = {"faults": "kill:rank=1,step=10"} if fault == "kill" else {"error_step": 15}
+    result, started, events = _fit(tmp_path, fault, **kw)
+    assert result.error is None
+    assert result.metrics["step"] >= STEPS
+    assert len(_pids(started, 0)) == 1, started  # rank 0 was never restarted
+    rank1 = _pids(started, 1)
+    assert len(rank1) == 2 and rank1[0] != rank1[1], started  # rank 1 was replaced once
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("worker_died") == 1 and kinds[-1] == "finished"
+    died = next(e for e in events if e["kind"] == "worker_died")
+    assert died["rank"] == 1
+    restart = next(e for e in events if e["kind"] == "restart")
+    assert restart["path"] == "replica_group" and restart["ranks"] == [1]
+    assert kinds.count("attempt_started") == 1  # no worker-group restart
