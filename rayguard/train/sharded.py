@@ -101,7 +101,7 @@ def save(checkpoint_dir: str, sharded: dict[str, Any],
          digests: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Write ``sharded`` with DCP into ``checkpoint_dir/dcp`` (collective); returns the
     meshes it found. Every data file is hashed as it is written: ``digests``, when given,
-    receives name -> (size, sha256, chunk digests). Not yet durable: :func:`write_rank`
+    receives name -> (size, digest, chunk digests). Not yet durable: :func:`write_rank`
     fsyncs."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
