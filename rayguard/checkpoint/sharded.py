@@ -177,12 +177,23 @@ def plan_verification(manifest: Manifest, world_size: int) -> list[list[str]]:
 
 
 def verify_share(checkpoint_dir: str | os.PathLike[str], rank: int, world_size: int, *,
-                 threads: int | None = None) -> VerifyReport:
+                 threads: int | None = None, dcp_data: bool = True) -> VerifyReport:
     """Rank ``rank``'s share of verifying a checkpoint (:func:`plan_verification`): every
     file's presence and size, and the digests of this rank's files. The checkpoint is whole
-    when every rank's report is ok."""
-    return verify(checkpoint_dir, threads=threads,
-                  only=lambda m: plan_verification(m, world_size)[rank])
+    when every rank's report is ok. ``dcp_data=False``: the DCP data files are left out of
+    the hashing (sizes still checked), for a load that verifies them as it reads them
+    (:mod:`rayguard.checkpoint.dcp_verified_read`); ``.metadata`` and the plain shards are
+    hashed as before."""
+    def share(m: Manifest) -> list[str]:
+        mine = plan_verification(m, world_size)[rank]
+        return mine if dcp_data else [p for p in mine if not is_dcp_data(p)]
+
+    return verify(checkpoint_dir, threads=threads, only=share)
+
+
+def is_dcp_data(rel_path: str) -> bool:
+    """Whether a manifest path is one of DCP's data files (``dcp/__<rank>_<n>.distcp``)."""
+    return rel_path.startswith(f"{DCP_DIR}/") and rel_path != f"{DCP_DIR}/{DCP_METADATA}"
 
 
 def find_distributed_tensors(state: Any, where: str = "state", limit: int = 5) -> list[str]:
