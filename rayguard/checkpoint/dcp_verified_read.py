@@ -122,7 +122,9 @@ class _VerifiedFile:
     def submit(self, seg: Segment) -> tuple[memoryview, list[Future[bytes]]]:
         lo = seg.first * CHUNK_SIZE_BYTES
         hi = min(seg.end * CHUNK_SIZE_BYTES, self.record.size_bytes)
-        buf = memoryview(bytearray(hi - lo))
+        # uninitialised (a bytearray would zero every page first, in this thread): the pool's
+        # reads touch each page once, in parallel
+        buf = memoryview(torch.empty(hi - lo, dtype=torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
         futures = [self._pool.submit(_read_chunk, self.fd, buf[a - lo : min(a + CHUNK_SIZE_BYTES, hi) - lo],
                                      a, self.path, self._new)
                    for a in range(lo, hi, CHUNK_SIZE_BYTES)]
@@ -176,6 +178,23 @@ class _ViewFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
+
+
+def _load_tensor(view: memoryview) -> torch.Tensor:
+    """The tensor DCP saved as ``view`` (a ``torch.save`` archive), unpickled with torch's
+    ``weights_only`` unpickler, its storage a view of ``view`` itself (no copy: what
+    ``torch.load(mmap=True)`` does with a file), so the verified bytes go straight into the
+    state by the caller's ``copy_``. Falls back to a plain ``torch.load`` (one more copy)
+    where torch's loader does not take a storage."""
+    storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage() if view.nbytes else None
+    serialization: Any = torch.serialization
+    try:
+        with serialization._open_zipfile_reader(io.BufferedReader(_ViewFile(view))) as archive:
+            return cast(torch.Tensor, serialization._load(
+                archive, "cpu", serialization._weights_only_unpickler, overall_storage=storage))
+    except (AttributeError, TypeError):  # another torch's private loader
+        return cast(torch.Tensor, torch.load(io.BufferedReader(_ViewFile(view)),
+                                             map_location="cpu", weights_only=True))
 
 
 class VerifyingReader(SafeReader):
@@ -265,8 +284,7 @@ class VerifyingReader(SafeReader):
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(bytes(view)))
                 continue
-            tensor = cast(torch.Tensor, torch.load(io.BufferedReader(_ViewFile(view)),
-                                                   map_location="cpu", weights_only=True))
+            tensor = _load_tensor(view)
             tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
             target = planner.resolve_tensor(req).detach()
             if target.size() != tensor.size():
