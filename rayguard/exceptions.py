@@ -94,7 +94,7 @@ class ShardedStateError(CheckpointError):
 
 
 class CheckpointCorruptError(CheckpointError):
-    """A checkpoint failed verification (missing file, wrong size, wrong sha256, bad path)."""
+    """A checkpoint failed verification (missing file, wrong size, wrong digest, bad path)."""
 
 
 class HealthError(RayGuardError):

@@ -19,6 +19,7 @@ from typing import Any
 from rayguard.checkpoint.fallback import list_candidates, order_candidates
 from rayguard.checkpoint.manifest import MANIFEST_NAME
 from rayguard.checkpoint.reported import REPORTED_SOURCE
+from rayguard.checkpoint.schemes import short_name
 from rayguard.checkpoint.verify import verify
 from rayguard.inert import inert
 
@@ -35,7 +36,7 @@ def register(subparsers: Any) -> None:
     p_ls = sub.add_parser("ls", help="list the checkpoints under a run directory, newest first; "
                                            "exit 1 when any fails verification")
     p_ls.add_argument("root", help="a directory holding checkpoint directories")
-    p_ls.add_argument("--no-verify", action="store_true", help="check sizes only, skip sha256")
+    p_ls.add_argument("--no-verify", action="store_true", help="check sizes only, skip the digests")
     p_ls.add_argument("--json", action="store_true", help="print one JSON object per line")
     p_ls.set_defaults(func=_cmd_ls)
 
@@ -85,7 +86,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         source = (", reported through ray.train.report"
                   if m.metadata.get("source") == REPORTED_SOURCE else "")
         print(f"OK {inert(report.path)}: step {m.step}, {len(m.files)} files, "
-              f"{_human(m.size_bytes)}, sha256 verified{source}")
+              f"{_human(m.size_bytes)}, {short_name(m.hash_scheme)} verified{source}")
     else:
         print(f"CORRUPT {inert(report.path)}:")
         for p in report.problems:

@@ -15,7 +15,7 @@ This module is the one place rayguard reads DCP files:
   ``torch.load(weights_only=True)``, so a checkpoint that needs code to load is reported
   invalid and the normal fallback takes the next older one;
 * :class:`SafeReader` and :class:`SafePlanner` are what ``load_state(sharded=...)`` hands to
-  ``dcp.load``: the same metadata check on the bytes whose sha256 it compares with the
+  ``dcp.load``: the same metadata check on the bytes whose digest it compares with the
   manifest at the moment of reading, no rank-local ``__<rank>.metadata`` fallback (a file no
   manifest covers), and ``weights_only=True`` for non-tensor values.
 
@@ -130,7 +130,7 @@ def metadata_record(manifest: Manifest) -> FileRecord | None:
 
 
 def read_verified_metadata(checkpoint_dir: str | os.PathLike[str], manifest: Manifest) -> Any:
-    """Read ``dcp/.metadata`` once, compare its sha256 with the manifest, then
+    """Read ``dcp/.metadata`` once, compare its digest with the manifest, then
     :func:`load_metadata` exactly those bytes. Raises CheckpointCorruptError."""
     record = metadata_record(manifest)
     if record is None:
@@ -138,8 +138,9 @@ def read_verified_metadata(checkpoint_dir: str | os.PathLike[str], manifest: Man
                                      f"{DCP_METADATA}; refusing to read unverified DCP metadata")
     path = resolve_inside(Path(checkpoint_dir), record.path)
     data = _read_bounded(path, min(record.size_bytes, MAX_METADATA_BYTES))
-    if len(data) != record.size_bytes or digest_bytes(data)[0] != record.digest:
-        raise CheckpointCorruptError(f"{path}: does not match the manifest's size and sha256 "
+    if (len(data) != record.size_bytes
+            or digest_bytes(data, scheme=record.scheme)[0] != record.digest):
+        raise CheckpointCorruptError(f"{path}: does not match the manifest's size and digest "
                                      "(changed after the save)")
     return load_metadata(data, str(path), _data_files(manifest))
 

@@ -2,10 +2,10 @@
 
 ``dcp.save`` writes each rank's ``__<rank>_<n>.distcp`` through a stream from its
 ``FileSystem.create_stream``; :class:`HashingWriter` hands it a stream that feeds each write
-to a :class:`~rayguard.checkpoint.hashing.WriteHasher` (the sha256 runs on a thread pool while
+to a :class:`~rayguard.checkpoint.hashing.WriteHasher` (the hash runs on a thread pool while
 the same bytes go to the file), so the manifest's records come from the bytes that were
-written, with no second read pass. The digests are the same scheme as every checkpoint file
-(:data:`~rayguard.checkpoint.hashing.HASH_SCHEME`).
+written, with no second read pass. The digests are in the writer's ``scheme``
+(:mod:`rayguard.checkpoint.schemes`), the same as the checkpoint's other files.
 
 Imports torch: import it lazily.
 """
@@ -24,9 +24,10 @@ from torch.distributed.checkpoint import filesystem as dcp_fs
 from torch.futures import Future
 
 from rayguard.checkpoint.hashing import WriteHasher, default_threads
+from rayguard.checkpoint.schemes import current
 
 Digest = tuple[int, str, tuple[str, ...]]
-"""(size in bytes, file digest, chunk digests) of one written file."""
+"""(size in bytes, file digest, chunk digests) of one written file, in the writer's scheme."""
 
 
 class _HashingStream:
@@ -75,18 +76,20 @@ class _HashingFileSystem(dcp_fs.FileSystem):
             if mode != "wb" or not os.path.basename(path).endswith(dcp_fs.DEFAULT_SUFFIX):
                 yield raw
                 return
-            hasher = WriteHasher(self._owner.pool)
+            hasher = WriteHasher(self._owner.pool, scheme=self._owner.scheme)
             yield _HashingStream(raw, hasher)
             self._owner.record(os.path.basename(path), hasher)
 
 
 class HashingWriter(FileSystemWriter):
     """``FileSystemWriter`` whose data files are hashed while written: :attr:`digests` maps
-    each data file's name to its :data:`Digest` once ``dcp.save`` returned."""
+    each data file's name to its :data:`Digest` once ``dcp.save`` returned, in :attr:`scheme`
+    (the process's selection unless ``scheme=`` names one)."""
 
     def __init__(self, path: str | os.PathLike[str], *, threads: int | None = None,
-                 **kwargs: Any) -> None:
+                 scheme: str | None = None, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
+        self.scheme = scheme or current()
         self.fs = _HashingFileSystem(self)
         self._threads = threads or default_threads()
         self._lock = threading.Lock()

@@ -1,16 +1,17 @@
-"""The checkpoint digest: sha256 over fixed-size chunks, computed on a thread pool.
+"""The checkpoint digest: a hash over fixed-size chunks, computed on a thread pool.
 
 A file of ``n`` bytes is cut into consecutive ``CHUNK_SIZE_BYTES`` chunks (the last one
-shorter); each chunk gets its own sha256, and the file digest is the sha256 of the
+shorter); each chunk gets its own digest, and the file digest is the digest of the
 concatenated raw 32-byte chunk digests. An empty file has no chunks and its digest is
-``sha256(b"")``. The manifest names this scheme ``HASH_SCHEME``. Chunks are independent,
-so they hash on several cores at once (hashlib releases the GIL), both while a shard is
-written and while it is read back.
+``H(b"")``. ``H`` is the manifest's scheme (:mod:`rayguard.checkpoint.schemes`: sha256 or
+BLAKE3); every function here takes ``scheme=``, the process's selection when omitted, and
+a reader passes the scheme its manifest names. Chunks are independent, so they hash on
+several cores at once (hashlib and blake3 release the GIL), both while a shard is written
+and while it is read back; memory stays bounded by the chunks in flight.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import deque
@@ -19,9 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from rayguard.checkpoint.fsio import pread_exact
+from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES, Hasher, current, factory
 
-CHUNK_SIZE_BYTES = 16 * 1024 * 1024
-HASH_SCHEME = "sha256-chunked-16MiB"
 MAX_HASH_THREADS = 16
 IN_FLIGHT_PER_THREAD = 4
 """Chunks queued per hashing thread (bounds the futures and buffers :func:`hash_files` holds)."""
@@ -35,23 +35,30 @@ def default_threads() -> int:
     return max(1, min(MAX_HASH_THREADS, cores))
 
 
-def combine(chunk_digests: Sequence[bytes]) -> str:
+def combine(chunk_digests: Sequence[bytes], scheme: str | None = None) -> str:
     """The file digest (hex) from its chunks' raw digests, in file order."""
-    return hashlib.sha256(b"".join(chunk_digests)).hexdigest()
+    h = factory(scheme or current())()
+    h.update(b"".join(chunk_digests))
+    return h.digest().hex()
 
 
-def digest_bytes(data: bytes, chunk_size: int = CHUNK_SIZE_BYTES) -> tuple[str, tuple[str, ...]]:
+def digest_bytes(data: bytes, chunk_size: int = CHUNK_SIZE_BYTES, *,
+                 scheme: str | None = None) -> tuple[str, tuple[str, ...]]:
     """(file digest, chunk digests) of an in-memory buffer. Reference implementation."""
-    view = memoryview(data)
-    chunks = [
-        hashlib.sha256(view[i : i + chunk_size]).digest()
-        for i in range(0, len(view), chunk_size)
-    ]
-    return combine(chunks), tuple(c.hex() for c in chunks)
+    scheme = scheme or current()
+    new = factory(scheme)
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    chunks = []
+    for i in range(0, len(view), chunk_size):
+        h = new()
+        h.update(view[i : i + chunk_size])
+        chunks.append(h.digest())
+    return combine(chunks, scheme), tuple(c.hex() for c in chunks)
 
 
-def _hash_segments(segments: list[memoryview], keepalive: list[object]) -> bytes:
-    h = hashlib.sha256()
+def _hash_segments(new: Callable[[], Hasher], segments: list[memoryview],
+                   keepalive: list[object]) -> bytes:
+    h = new()
     for seg in segments:
         h.update(seg)
     del keepalive  # the tensors behind the segments may be freed from here on
@@ -66,9 +73,12 @@ class StreamHasher:
     caller must not modify a segment's memory before :meth:`finish` returns.
     """
 
-    def __init__(self, pool: ThreadPoolExecutor, chunk_size: int = CHUNK_SIZE_BYTES) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, chunk_size: int = CHUNK_SIZE_BYTES, *,
+                 scheme: str | None = None) -> None:
         self._pool = pool
         self._chunk_size = chunk_size
+        self.scheme = scheme or current()
+        self._new = factory(self.scheme)
         self._segments: list[memoryview] = []
         self._keepalive: list[object] = []
         self._filled = 0
@@ -84,7 +94,7 @@ class StreamHasher:
         if self._futures or self._filled or self._prefix:
             raise RuntimeError("hash_prefix must come first")
         size = self._chunk_size
-        futures = [self._pool.submit(_hash_segments, [view[i : i + size]], [])
+        futures = [self._pool.submit(_hash_segments, self._new, [view[i : i + size]], [])
                    for i in range(0, view.nbytes, size)]
         self._prefix = [f.result() for f in futures]
         self.nbytes += view.nbytes
@@ -106,14 +116,14 @@ class StreamHasher:
     def _submit(self) -> None:
         segs, keep = self._segments, self._keepalive
         self._segments, self._keepalive, self._filled = [], [], 0
-        self._futures.append(self._pool.submit(_hash_segments, segs, keep))
+        self._futures.append(self._pool.submit(_hash_segments, self._new, segs, keep))
 
     def finish(self) -> tuple[str, tuple[str, ...]]:
         """Wait for every chunk; returns (file digest, chunk digests in hex)."""
         if self._filled:
             self._submit()
         raw = self._prefix + [f.result() for f in self._futures]
-        return combine(raw), tuple(d.hex() for d in raw)
+        return combine(raw, self.scheme), tuple(d.hex() for d in raw)
 
     def cancel(self) -> None:
         for f in self._futures:
@@ -126,7 +136,8 @@ class StreamHasher:
 _local = threading.local()
 
 
-def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int) -> bytes:
+def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int,
+                     new: Callable[[], Hasher]) -> bytes:
     buf = getattr(_local, "buf", None)
     if buf is None or len(buf) < chunk_size:
         buf = _local.buf = bytearray(chunk_size)
@@ -136,11 +147,14 @@ def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int) -> byt
         pread_exact(fd, view, index * chunk_size, path)
     finally:
         os.close(fd)
-    return hashlib.sha256(view).digest()
+    h = new()
+    h.update(view)
+    return h.digest()
 
 
 def hash_files(
-    paths: Sequence[Path], *, threads: int | None = None, chunk_size: int = CHUNK_SIZE_BYTES
+    paths: Sequence[Path], *, threads: int | None = None, chunk_size: int = CHUNK_SIZE_BYTES,
+    scheme: str | None = None,
 ) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
     """Digest several files at once, every chunk of every file in parallel.
 
@@ -149,6 +163,8 @@ def hash_files(
     Returns, per path, (file digest, chunk digests) or the error that stopped its read.
     """
     n_threads = threads or default_threads()
+    scheme = scheme or current()
+    new = factory(scheme)
     errors: dict[int, OSError | EOFError] = {}
     digests: list[list[bytes]] = [[] for _ in paths]
 
@@ -175,7 +191,7 @@ def hash_files(
         for k, path, i, length in tasks():
             if k in errors:
                 continue
-            window.append((k, pool.submit(_hash_file_chunk, path, i, length, chunk_size)))
+            window.append((k, pool.submit(_hash_file_chunk, path, i, length, chunk_size, new)))
             if len(window) >= n_threads * IN_FLIGHT_PER_THREAD:
                 settle()
         while window:
@@ -185,7 +201,7 @@ def hash_files(
         if k in errors:
             out.append(errors[k])
         else:
-            out.append((combine(digests[k]), tuple(d.hex() for d in digests[k])))
+            out.append((combine(digests[k], scheme), tuple(d.hex() for d in digests[k])))
     return out
 
 
@@ -193,7 +209,7 @@ INLINE_BYTES = 1024 * 1024
 """Pieces smaller than this are hashed in the caller's thread (a pool task costs more)."""
 
 
-def _update(h: hashlib._Hash, view: memoryview) -> None:
+def _update(h: Hasher, view: memoryview) -> None:
     h.update(view)
 
 
@@ -204,21 +220,24 @@ class WriteHasher:
     :meth:`around` hashes ``view`` on the pool while the caller's ``write`` sends the same
     bytes to the file, and returns only when both are done, so no buffer outlives its call
     and at most one write's bytes are in flight. A chunk that spans writes is one
-    incremental sha256 fed in stream order. ``pool=None`` hashes inline.
+    incremental hash fed in stream order. ``pool=None`` hashes inline.
     """
 
-    def __init__(self, pool: ThreadPoolExecutor | None, chunk_size: int = CHUNK_SIZE_BYTES) -> None:
+    def __init__(self, pool: ThreadPoolExecutor | None, chunk_size: int = CHUNK_SIZE_BYTES, *,
+                 scheme: str | None = None) -> None:
         self._pool = pool
         self._chunk_size = chunk_size
-        self._current = hashlib.sha256()
+        self.scheme = scheme or current()
+        self._new = factory(self.scheme)
+        self._current = self._new()
         self._filled = 0
         self._done: list[bytes] = []
         self.nbytes = 0
 
     def around(self, view: memoryview, write: Callable[[], int]) -> int:
         """Run ``write()`` (which writes ``view``) while ``view`` is hashed; returns its result."""
-        pieces: list[tuple[hashlib._Hash, memoryview]] = []
-        finished: list[hashlib._Hash] = []
+        pieces: list[tuple[Hasher, memoryview]] = []
+        finished: list[Hasher] = []
         start = 0
         while start < view.nbytes:
             take = min(view.nbytes - start, self._chunk_size - self._filled)
@@ -227,7 +246,7 @@ class WriteHasher:
             start += take
             if self._filled == self._chunk_size:
                 finished.append(self._current)
-                self._current, self._filled = hashlib.sha256(), 0
+                self._current, self._filled = self._new(), 0
         futures = []
         last = pieces.pop() if pieces else None  # hashed by this thread once its write is done
         for h, piece in pieces:
@@ -249,4 +268,4 @@ class WriteHasher:
     def finish(self) -> tuple[str, tuple[str, ...]]:
         """(file digest, chunk digests in hex) of everything written."""
         raw = self._done + ([self._current.digest()] if self._filled else [])
-        return combine(raw), tuple(d.hex() for d in raw)
+        return combine(raw, self.scheme), tuple(d.hex() for d in raw)

@@ -18,8 +18,8 @@ from typing import Any
 
 from rayguard.checkpoint import safejson
 from rayguard.checkpoint.fsio import read_bounded
-from rayguard.checkpoint.hashing import CHUNK_SIZE_BYTES, HASH_SCHEME
-from rayguard.exceptions import CheckpointCorruptError
+from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES, KNOWN, SHA256
+from rayguard.exceptions import CheckpointCorruptError, CheckpointError
 
 MANIFEST_NAME = "rayguard_manifest.json"
 MANIFEST_FORMAT = "rayguard-checkpoint"
@@ -37,9 +37,12 @@ class FileRecord:
     size_bytes: int
     """Exact file size."""
     digest: str
-    """Hex sha256 over the chunk digests (``HASH_SCHEME``)."""
+    """Hex digest over the chunk digests, in ``scheme``."""
     chunk_digests: tuple[str, ...] = ()
-    """Hex sha256 of each ``CHUNK_SIZE_BYTES`` chunk, in file order (locates corruption)."""
+    """Hex digest of each ``CHUNK_SIZE_BYTES`` chunk, in file order (locates corruption)."""
+    scheme: str = SHA256
+    """The digest scheme (:mod:`rayguard.checkpoint.schemes`). Not a per-file key in the JSON:
+    the manifest's ``hash`` names it for all its files."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +78,22 @@ class Manifest:
         live in ``dcp/``, see :mod:`rayguard.checkpoint.sharded`)."""
         return tuple(f for f in self.files_of(rank) if "/" not in f.path)
 
+    @property
+    def hash_scheme(self) -> str:
+        """The one digest scheme of its files (sha256 for a manifest without files); raises
+        CheckpointError when its files were hashed with different schemes."""
+        schemes = {f.scheme for f in self.files}
+        if len(schemes) > 1:
+            raise CheckpointError(
+                f"the ranks hashed this checkpoint's files with different schemes {sorted(schemes)}; "
+                "one manifest names one. Fix: give every rank the same CheckpointConfig(hash=...)")
+        return schemes.pop() if schemes else SHA256
+
     def to_json(self) -> str:
         doc = {
             "format": MANIFEST_FORMAT,
             "format_version": MANIFEST_VERSION,
-            "hash": HASH_SCHEME,
+            "hash": self.hash_scheme,
             "chunk_size_bytes": CHUNK_SIZE_BYTES,
             "step": self.step,
             "world_size": self.world_size,
@@ -88,9 +102,15 @@ class Manifest:
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created_unix)),
             "versions": self.versions,
             "metadata": self.metadata,
-            "files": [asdict(f) for f in self.files],
+            "files": [_file_entry(f) for f in self.files],
         }
         return json.dumps(doc, indent=1, allow_nan=False)
+
+
+def _file_entry(f: FileRecord) -> dict[str, Any]:
+    entry = asdict(f)
+    del entry["scheme"]
+    return entry
 
 
 def library_versions() -> dict[str, str]:
@@ -117,12 +137,11 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         if doc.get("format") != MANIFEST_FORMAT or doc.get("format_version") != MANIFEST_VERSION:
             raise ValueError(f"format {str(doc.get('format'))[:40]!r} version "
                              f"{str(doc.get('format_version'))[:40]!r} is not {MANIFEST_FORMAT!r} {MANIFEST_VERSION}")
-        if doc.get("hash") != HASH_SCHEME or doc.get("chunk_size_bytes") != CHUNK_SIZE_BYTES:
-            raise ValueError(f"hash scheme {str(doc.get('hash'))[:40]!r} is not {HASH_SCHEME!r}")
+        scheme = _scheme_of(doc)
         entries = doc["files"]
         if not isinstance(entries, list):
             raise ValueError(f"files is a {type(entries).__name__}, not a list")
-        files = tuple(_file_record(f) for f in entries)
+        files = tuple(_file_record(f, scheme) for f in entries)
         step = doc["step"]
         manifest = Manifest(
             world_size=safejson.int_field(doc["world_size"], "world_size", 1, MAX_WORLD_SIZE),
@@ -138,13 +157,26 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
     return manifest
 
 
+def _scheme_of(doc: dict[str, Any]) -> str:
+    scheme = doc.get("hash")
+    if scheme not in KNOWN:
+        raise ValueError(
+            f"it names hash scheme {str(scheme)[:40]!r}, which this rayguard cannot verify (it "
+            f"knows {', '.join(KNOWN)}); written by a newer rayguard, or not by rayguard. Fix: "
+            "upgrade rayguard to read it, or start from another checkpoint")
+    if doc.get("chunk_size_bytes") != CHUNK_SIZE_BYTES:
+        raise ValueError(f"chunk_size_bytes {str(doc.get('chunk_size_bytes'))[:40]!r} is not "
+                         f"{CHUNK_SIZE_BYTES} (scheme {scheme!r})")
+    return str(scheme)
+
+
 def _dict_field(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{name} is a {type(value).__name__}, not an object")
     return dict(value)
 
 
-def _file_record(f: Any) -> FileRecord:
+def _file_record(f: Any, scheme: str) -> FileRecord:
     if not isinstance(f, dict):
         raise ValueError(f"a file entry is a {type(f).__name__}, not an object")
     if not isinstance(f["path"], str) or not isinstance(f["digest"], str):
@@ -158,6 +190,7 @@ def _file_record(f: Any) -> FileRecord:
         size_bytes=safejson.int_field(f["size_bytes"], "size_bytes", 0, MAX_FILE_BYTES),
         digest=f["digest"],
         chunk_digests=tuple(chunks),
+        scheme=scheme,
     )
 
 

@@ -43,7 +43,7 @@ def pack_shard(rank: int, payload: Any) -> dict[str, np.ndarray]:
 
 
 def digests_of(record: ShardRecord) -> dict[str, str]:
-    """``{file path: sha256}`` of a written shard (what the coordinator keeps beside the copy)."""
+    """``{file path: digest}`` of a written shard (what the coordinator keeps beside the copy)."""
     return {f.path: f.digest for f in record.files}
 
 
@@ -57,7 +57,7 @@ def load_snapshot(files: Mapping[str, Any], manifest: Manifest, rank: int, where
     """Decode rank ``rank``'s shard from ``files`` after checking it against ``manifest``.
 
     Raises CheckpointCorruptError when the files are not exactly the manifest's (a file
-    missing or extra, a size or a sha256 that differs)."""
+    missing or extra, a size or a digest that differs)."""
     records = manifest.shard_files_of(rank)
     if not isinstance(files, Mapping) or not all(isinstance(k, str) for k in files):
         raise CheckpointCorruptError(f"{where}: memory copy of rank {rank} is a "

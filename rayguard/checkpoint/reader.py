@@ -52,7 +52,7 @@ def read_shard(
 ) -> Any:
     """Rank ``rank``'s state from a committed checkpoint (rank 0's when it saved none).
 
-    With ``verify`` every byte is checked against the manifest's size and sha256 as it is
+    With ``verify`` every byte is checked against the manifest's size and digest as it is
     read; a mismatch raises CheckpointCorruptError naming the file and byte range.
     Tensors are returned on the CPU unless ``map_location`` names a device.
     """
@@ -98,7 +98,7 @@ def _hashed(record: FileRecord | None, where: str, threads: int | None,
     """Run ``fill(hasher)`` (it reads the shard into fresh tensors, adding every byte to the
     hasher) and check the digest against ``record``; no hashing when ``record`` is None."""
     with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
-        hasher = StreamHasher(pool) if record is not None else None
+        hasher = StreamHasher(pool, scheme=record.scheme) if record is not None else None
         try:
             structure, objects = fill(hasher)
         except BaseException:

@@ -33,6 +33,7 @@ from rayguard.checkpoint.manifest import (
     ShardRecord,
     library_versions,
 )
+from rayguard.checkpoint.schemes import current
 from rayguard.exceptions import CheckpointError
 
 SOURCE_KEY = "source"
@@ -56,14 +57,15 @@ def hash_directory(directory: str | os.PathLike[str], rank: int) -> ShardRecord:
                 continue
             if full.is_file():
                 rels.append(rel)
-    results = hash_files([root / r for r in rels])
+    scheme = current()
+    results = hash_files([root / r for r in rels], scheme=scheme)
     files = []
     for rel, result in zip(rels, results, strict=True):
         if isinstance(result, BaseException):
             raise CheckpointError(f"rank {rank}: cannot hash {root / rel} of the checkpoint given "
                                   f"to ray.train.report ({result})")
         digest, chunks = result
-        files.append(FileRecord(rel, rank, (root / rel).stat().st_size, digest, chunks))
+        files.append(FileRecord(rel, rank, (root / rel).stat().st_size, digest, chunks, scheme))
     return ShardRecord(rank, tuple(files))
 
 

@@ -4,7 +4,7 @@ A checkpoint taken with ``report(sharded=...)`` holds, beside each rank's plain 
 (``shard-rankNNNNN.safetensors``: the plain ``state=`` part and the rank's RNG), a ``dcp/``
 directory written by ``torch.distributed.checkpoint.save``: ``__<rank>_<n>.distcp`` per rank
 and one ``.metadata`` (written by rank 0). Every one of those files is listed in the rayguard
-manifest with its size and sha256 like any shard file, so verification, fallback and the
+manifest with its size and digest like any shard file, so verification, fallback and the
 rejection record are the ones of every checkpoint. The manifest's ``metadata["sharded"]``
 (:func:`describe_sharded`) names the format, the directory, the world size that saved it,
 the device meshes and the top-level keys.
@@ -30,6 +30,7 @@ from rayguard.checkpoint.dcp_layout import (
 )
 from rayguard.checkpoint.hashing import hash_files
 from rayguard.checkpoint.manifest import FileRecord, Manifest
+from rayguard.checkpoint.schemes import current
 from rayguard.checkpoint.verify import VerifyReport, verify
 from rayguard.exceptions import CheckpointError
 
@@ -48,16 +49,19 @@ def unclaimed(names: Iterable[str], world_size: int) -> list[str]:
 def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
                      threads: int | None = None, fsync: bool = True,
                      digests: Mapping[str, tuple[int, str, tuple[str, ...]]] | None = None,
-                     ) -> tuple[FileRecord, ...]:
+                     scheme: str | None = None) -> tuple[FileRecord, ...]:
     """The records of the DCP files ``rank`` wrote under ``checkpoint_dir/dcp`` (after
     ``dcp.save`` returned on this rank); they go into the manifest like a shard's.
 
-    ``digests``: name -> (size, sha256, chunk digests) of the files hashed while they were
+    ``digests``: name -> (size, digest, chunk digests) of the files hashed while they were
     written (:class:`~rayguard.checkpoint.dcp_writer.HashingWriter`); a file among them whose
     size on disk is the one written is recorded from them, any other (``.metadata``, or
     every file without ``digests``) is read and hashed here.
     ``fsync``: also make them durable (and the directory), in a thread beside the hashing
-    (the adapter runs DCP with ``sync_files=False`` for that reason)."""
+    (the adapter runs DCP with ``sync_files=False`` for that reason).
+    ``scheme``: the digest scheme (the process's selection when None); ``digests`` must be
+    in it (the :class:`~rayguard.checkpoint.dcp_writer.HashingWriter`'s ``scheme``)."""
+    scheme = scheme or current()
     directory = Path(checkpoint_dir) / DCP_DIR
     names = files_of_rank(os.listdir(directory), rank)
     paths = [directory / n for n in names]
@@ -71,19 +75,20 @@ def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
     to_hash = [p for n, p in zip(names, paths, strict=True) if n not in streamed]
     with ThreadPoolExecutor(1, thread_name_prefix="rg-dcp-fsync") as pool:
         synced = pool.submit(_fsync_all, [*paths, directory]) if fsync else None
-        hashed = dict(zip(to_hash, hash_files(to_hash, threads=threads), strict=True)) if to_hash else {}
+        hashed = dict(zip(to_hash, hash_files(to_hash, threads=threads, scheme=scheme), strict=True)) if to_hash else {}
         if synced is not None:
             synced.result()
     records = []
     for name, path, size in zip(names, paths, sizes, strict=True):
         if name in streamed:
-            records.append(FileRecord(f"{DCP_DIR}/{name}", rank, size, *streamed[name][1:]))
+            records.append(FileRecord(f"{DCP_DIR}/{name}", rank, size, *streamed[name][1:],
+                                      scheme=scheme))
             continue
         result = hashed[path]
         if isinstance(result, BaseException):
             raise CheckpointError(f"rank {rank}: could not hash {path} after the DCP save ({result})")
         records.append(FileRecord(f"{DCP_DIR}/{name}", rank, size, result[0],
-                                  result[1]))
+                                  result[1], scheme))
     return tuple(records)
 
 
@@ -172,12 +177,23 @@ def plan_verification(manifest: Manifest, world_size: int) -> list[list[str]]:
 
 
 def verify_share(checkpoint_dir: str | os.PathLike[str], rank: int, world_size: int, *,
-                 threads: int | None = None) -> VerifyReport:
+                 threads: int | None = None, dcp_data: bool = True) -> VerifyReport:
     """Rank ``rank``'s share of verifying a checkpoint (:func:`plan_verification`): every
-    file's presence and size, and the sha256 of this rank's files. The checkpoint is whole
-    when every rank's report is ok."""
-    return verify(checkpoint_dir, threads=threads,
-                  only=lambda m: plan_verification(m, world_size)[rank])
+    file's presence and size, and the digests of this rank's files. The checkpoint is whole
+    when every rank's report is ok. ``dcp_data=False``: the DCP data files are left out of
+    the hashing (sizes still checked), for a load that verifies them as it reads them
+    (:mod:`rayguard.checkpoint.dcp_verified_read`); ``.metadata`` and the plain shards are
+    hashed as before."""
+    def share(m: Manifest) -> list[str]:
+        mine = plan_verification(m, world_size)[rank]
+        return mine if dcp_data else [p for p in mine if not is_dcp_data(p)]
+
+    return verify(checkpoint_dir, threads=threads, only=share)
+
+
+def is_dcp_data(rel_path: str) -> bool:
+    """Whether a manifest path is one of DCP's data files (``dcp/__<rank>_<n>.distcp``)."""
+    return rel_path.startswith(f"{DCP_DIR}/") and rel_path != f"{DCP_DIR}/{DCP_METADATA}"
 
 
 def find_distributed_tensors(state: Any, where: str = "state", limit: int = 5) -> list[str]:

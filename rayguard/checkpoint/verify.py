@@ -1,4 +1,5 @@
-"""Verify a checkpoint on disk: manifest, paths, sizes, and every chunk's sha256."""
+"""Verify a checkpoint on disk: manifest, paths, sizes, and every chunk's digest (in the
+scheme the manifest names)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rayguard.checkpoint.manifest import (
     read_manifest,
     resolve_inside,
 )
+from rayguard.checkpoint.schemes import short_name
 from rayguard.exceptions import CheckpointCorruptError
 
 
@@ -61,15 +63,16 @@ class VerifyReport:
 
 
 def describe_digest_mismatch(record: FileRecord, digest: str, chunks: tuple[str, ...]) -> str:
-    """Name the first chunk (byte range) whose sha256 differs from the manifest's."""
+    """Name the first chunk (byte range) whose digest differs from the manifest's."""
+    name = short_name(record.scheme)
     for i, (want, got) in enumerate(zip(record.chunk_digests, chunks, strict=False)):
         if want != got:
             lo, hi = i * CHUNK_SIZE_BYTES, min((i + 1) * CHUNK_SIZE_BYTES, record.size_bytes)
             return (
-                f"sha256 mismatch in bytes [{lo}, {hi}) (chunk {i + 1} of {len(chunks)}): "
+                f"{name} mismatch in bytes [{lo}, {hi}) (chunk {i + 1} of {len(chunks)}): "
                 f"expected {want[:16]}..., got {got[:16]}... (contents changed after the save)"
             )
-    return f"sha256 mismatch: expected {record.digest[:16]}..., got {digest[:16]}..."
+    return f"{name} mismatch: expected {record.digest[:16]}..., got {digest[:16]}..."
 
 
 def verify(
@@ -84,7 +87,7 @@ def verify(
 
     Checks that the manifest exists and parses, that every path stays inside ``directory``,
     that every file exists as a regular file of the recorded size, and (``hashes``) that its
-    sha256 matches. ``ranks`` limits hashing to those ranks' files (sizes are still checked
+    digest (the manifest's scheme) matches. ``ranks`` limits hashing to those ranks' files (sizes are still checked
     for all), so a rank can verify just what it will load; ``only`` (given the manifest,
     the paths to hash) does the same by path, so ranks can split a checkpoint's hashing.
     """
@@ -102,7 +105,8 @@ def verify(
         if (path is not None and hashes and (wanted is None or record.rank in wanted)
                 and (paths is None or record.path in paths)):
             to_hash.append((record, path))
-    results = hash_files([p for _, p in to_hash], threads=threads) if to_hash else []
+    results = (hash_files([p for _, p in to_hash], threads=threads, scheme=manifest.hash_scheme)
+               if to_hash else [])
     verified = set()
     for (record, _), result in zip(to_hash, results, strict=True):
         if isinstance(result, BaseException):

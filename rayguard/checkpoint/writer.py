@@ -24,6 +24,7 @@ from rayguard.checkpoint.fsio import (
 )
 from rayguard.checkpoint.hashing import StreamHasher, default_threads
 from rayguard.checkpoint.manifest import FileRecord, ShardRecord
+from rayguard.checkpoint.schemes import current
 
 SMALL_BUFFER_BYTES = 1024 * 1024  # buffers below this are batched into one writev
 BATCH_BYTES = 16 * 1024 * 1024
@@ -60,14 +61,16 @@ class _WriteBatch:
 
 
 def write_shard(
-    checkpoint_dir: str | os.PathLike[str], rank: int, state: Any, *, threads: int | None = None
+    checkpoint_dir: str | os.PathLike[str], rank: int, state: Any, *, threads: int | None = None,
+    scheme: str | None = None,
 ) -> ShardRecord:
     """Write ``state`` as rank ``rank``'s shard into ``checkpoint_dir`` (usually staging).
 
     Raises SerializationError for a value that cannot be checkpointed (nothing is written)
     and CheckpointError naming the file and the OS error when the write fails (the partial
-    file is removed).
+    file is removed). ``scheme``: the digest scheme (the process's selection when None).
     """
+    scheme = scheme or current()
     directory = Path(checkpoint_dir)
     name = shard_file_name(rank)
     path = directory / name
@@ -79,22 +82,22 @@ def write_shard(
         raise io_error("write", path, exc) from exc
     check_real_dir(directory, "checkpoint directory")
     try:
-        size, digest, chunks = _write_file(path, header, entries, threads)
+        size, digest, chunks = _write_file(path, header, entries, threads, scheme)
     except OSError as exc:
         _remove_quietly(path)
         raise io_error("write", path, exc) from exc
     except BaseException:
         _remove_quietly(path)
         raise
-    return ShardRecord(rank=rank, files=(FileRecord(name, rank, size, digest, chunks),))
+    return ShardRecord(rank=rank, files=(FileRecord(name, rank, size, digest, chunks, scheme),))
 
 
 def _write_file(
-    path: Path, header: bytes, entries: list[fmt.Entry], threads: int | None
+    path: Path, header: bytes, entries: list[fmt.Entry], threads: int | None, scheme: str
 ) -> tuple[int, str, tuple[str, ...]]:
     fd = create_new(path)
     with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
-        hasher = StreamHasher(pool)
+        hasher = StreamHasher(pool, scheme=scheme)
         try:
             phase("shard-opened", path)
             batch = _WriteBatch(fd, str(path))

@@ -1,5 +1,5 @@
 """What someone with write access to a run directory can do: replace a checkpoint file and
-rewrite its manifest entry to match, so the sha256 check passes.
+rewrite its manifest entry to match (in the manifest's scheme), so the digest check passes.
 
 Used by the tests that show what rayguard does and does not trust (see the security section
 of docs/checkpointing.md): the manifest proves a checkpoint is whole, not who wrote it.
@@ -23,7 +23,7 @@ def forge_file(checkpoint_dir: str | os.PathLike[str], rel_path: str, data: byte
     (root / rel_path).write_bytes(data)
     manifest = root / MANIFEST_NAME
     doc = json.loads(manifest.read_text(encoding="utf-8"))
-    digest, chunks = digest_bytes(data)
+    digest, chunks = digest_bytes(data, scheme=doc["hash"])
     for entry in doc["files"]:
         if entry["path"] == rel_path:
             entry.update(size_bytes=len(data), digest=digest, chunk_digests=list(chunks))

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from rayguard.checkpoint import schemes
 from rayguard.config import CheckpointConfig
 from rayguard.run.link import RunLink
 from rayguard.train.async_checkpoint import AsyncCheckpointer
@@ -41,6 +42,7 @@ class Checkpointer:
 
     def __init__(self, link: RunLink, store: CheckpointStore, config: CheckpointConfig,
                  tier: Any = None) -> None:
+        schemes.select(schemes.CONFIG_NAMES[config.hash])  # what this worker's writers use
         self.link = link
         self.store = store
         self.config = config

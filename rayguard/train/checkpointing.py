@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rayguard.exceptions import ShardedStateError
+from rayguard.exceptions import CheckpointError, ShardedStateError
 from rayguard.train.protocol import (
     Committed,
     Restored,
@@ -192,11 +192,39 @@ def load_state(collective: Collective, store: CheckpointStore, sharded: Any, *,
     if sharded is None:
         return load(collective, store, tag=tag, previous_rank=previous_rank, tier=tier,
                     on_chosen=on_chosen)
-    from rayguard.train.sharded import choose, restore
+    return _load_sharded(collective, store, sharded, tag, previous_rank, on_chosen)
 
-    verified = choose(collective, store, tag)
-    collective.progress()
-    if on_chosen is not None:
-        on_chosen(None if verified is None else verified[0])
-    return None if verified is None else restore(collective, store, verified, sharded,
-                                                 previous_rank=previous_rank)
+
+def _load_sharded(collective: Collective, store: CheckpointStore, sharded: Any, tag: str,
+                  previous_rank: int | None,
+                  on_chosen: Callable[[str | None], None] | None) -> Restored | None:
+    """The newest sharded checkpoint that verifies; one whose DCP data fails while it is
+    read (:func:`~rayguard.train.sharded.restore` returns a ReadRejection) is rejected and
+    the next older one loaded over it. When none is left after a rejection that had copied
+    verified bytes into the state, the state is neither fresh nor a checkpoint's, so the
+    attempt fails (retried: the next attempt starts from a fresh model, skipping the
+    rejected checkpoints)."""
+    from rayguard.train.sharded import ReadRejection, choose, restore
+
+    partly_loaded, round_ = None, 0
+    while True:
+        sub = tag if round_ == 0 else f"{tag}.{round_}"
+        round_ += 1
+        verified = choose(collective, store, sub)
+        collective.progress()
+        if verified is None and partly_loaded is not None:
+            raise CheckpointError(
+                f"rank {collective.rank}: no sharded checkpoint verifies, and the sharded state "
+                f"was partly loaded from {partly_loaded} (verified bytes only) before a "
+                "corrupt chunk was found in it. Fix: nothing; the restart starts from a fresh "
+                "model (the corrupt checkpoints are remembered as rejected)")
+        if on_chosen is not None:
+            on_chosen(None if verified is None else verified[0])
+        if verified is None:
+            return None
+        restored = restore(collective, store, verified, sharded, previous_rank=previous_rank,
+                           tag=sub)
+        if not isinstance(restored, ReadRejection):
+            return restored  # type: ignore[no-any-return]
+        if restored.touched:
+            partly_loaded = restored.path

@@ -18,6 +18,7 @@ default process group). Integrity, the manifest and the commit are rayguard's
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,9 @@ from rayguard.checkpoint.sharded import DCP_DIR
 from rayguard.exceptions import CheckpointCorruptError, CheckpointError
 
 if TYPE_CHECKING:
+    from rayguard.checkpoint.dcp_safe import SafeReader
     from rayguard.checkpoint.manifest import Manifest, ShardRecord
+    from rayguard.checkpoint.verify import Problem
     from rayguard.train.collective import Collective
     from rayguard.train.store import CheckpointStore
 
@@ -101,7 +104,7 @@ def save(checkpoint_dir: str, sharded: dict[str, Any],
          digests: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Write ``sharded`` with DCP into ``checkpoint_dir/dcp`` (collective); returns the
     meshes it found. Every data file is hashed as it is written: ``digests``, when given,
-    receives name -> (size, sha256, chunk digests). Not yet durable: :func:`write_rank`
+    receives name -> (size, digest, chunk digests). Not yet durable: :func:`write_rank`
     fsyncs."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -135,6 +138,15 @@ def load(checkpoint_dir: str, sharded: dict[str, Any], manifest: Manifest | None
     none there, the caller's own unlisted directory) and unpickled restricted to DCP's
     metadata classes; non-tensor values load ``weights_only=True``. A refusal raises
     CheckpointCorruptError."""
+    from rayguard.checkpoint.dcp_safe import SafeReader
+    from rayguard.checkpoint.manifest import MANIFEST_NAME, read_manifest
+
+    if manifest is None and os.path.exists(os.path.join(checkpoint_dir, MANIFEST_NAME)):
+        manifest = read_manifest(Path(checkpoint_dir))
+    _load_with(SafeReader(checkpoint_dir, manifest), checkpoint_dir, sharded)
+
+
+def _load_with(reader: SafeReader, checkpoint_dir: str, sharded: dict[str, Any]) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -143,13 +155,9 @@ def load(checkpoint_dir: str, sharded: dict[str, Any], manifest: Manifest | None
         set_optimizer_state_dict,
     )
 
-    from rayguard.checkpoint.dcp_safe import SafePlanner, SafeReader
-    from rayguard.checkpoint.manifest import MANIFEST_NAME, read_manifest
+    from rayguard.checkpoint.dcp_safe import SafePlanner
 
-    if manifest is None and os.path.exists(os.path.join(checkpoint_dir, MANIFEST_NAME)):
-        manifest = read_manifest(Path(checkpoint_dir))
     state_dict = state_dict_for(sharded)
-    reader = SafeReader(checkpoint_dir, manifest)
     try:
         dcp.load(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR),
                  storage_reader=reader, planner=SafePlanner())
@@ -166,6 +174,50 @@ def load(checkpoint_dir: str, sharded: dict[str, Any], manifest: Manifest | None
             set_model_state_dict(value, state_dict[key])
         elif isinstance(value, torch.optim.Optimizer):
             set_optimizer_state_dict(model, value, state_dict[key])
+
+
+@dataclass(frozen=True)
+class ReadRejection:
+    """:func:`restore`'s answer when a rank found a bad chunk while DCP read: the checkpoint
+    (rejected and recorded), and whether any rank had copied part of it into the state."""
+
+    path: str
+    touched: bool
+
+
+def load_verified(collective: Collective, checkpoint_dir: str, sharded: dict[str, Any],
+                  manifest: Manifest, tag: str) -> tuple[tuple[Problem, ...], bool]:
+    """Every rank: DCP loads ``checkpoint_dir`` into ``sharded`` while each rank verifies the
+    bytes it reads (:class:`~rayguard.checkpoint.dcp_verified_read.VerifyingReader`: a chunk
+    is compared with the manifest before anything in it is used). Returns the problems every
+    rank agrees on (empty: loaded, and every byte used on every rank verified) and whether
+    any rank copied part of the checkpoint into its state.
+
+    How the ranks agree: a rank that finds a bad chunk fails its part of DCP's read, so DCP
+    fails the load on every rank (its read step is a collective); each rank then gathers
+    (problems, other error) over ``collective``, so all see the same problems and reject the
+    same checkpoint, or raise the same CheckpointError for a failure that is not corruption.
+    A rejected checkpoint may have been partly loaded into ``sharded`` (verified bytes only):
+    the caller loads an older one over it, or fails the attempt (:func:`restore`)."""
+    from rayguard.checkpoint.dcp_layout import DCP_METADATA
+    from rayguard.checkpoint.dcp_verified_read import VerifyingReader
+    from rayguard.checkpoint.verify import Problem
+
+    reader = VerifyingReader(checkpoint_dir, manifest)
+    mine: tuple[Problem, ...] = ()
+    error = None
+    try:
+        _load_with(reader, checkpoint_dir, sharded)
+    except CheckpointCorruptError as exc:
+        mine = (reader.problem or Problem(f"{DCP_DIR}/{DCP_METADATA}", str(exc)),)
+    except CheckpointError as exc:
+        error = f"rank {collective.rank}: {exc}"
+    outcomes = collective.gather(f"{tag}:loaded", (mine, error, reader.items_used > 0))
+    problems = tuple(dict.fromkeys(p for found, _, _ in outcomes for p in found))
+    errors = [e for _, e, _ in outcomes if e is not None]
+    if not problems and errors:
+        raise CheckpointError(error or errors[0])
+    return problems, any(used for _, _, used in outcomes)
 
 
 def write_rank(staging: str, rank: int, sharded: dict[str, Any],
@@ -219,7 +271,6 @@ def choose(collective: Collective, store: CheckpointStore, tag: str) -> tuple[st
     caller removes that copy."""
     import shutil
 
-    from rayguard.checkpoint.fallback import Rejection
     from rayguard.train import protocol
 
     candidates = None
@@ -235,18 +286,32 @@ def choose(collective: Collective, store: CheckpointStore, tag: str) -> tuple[st
             return str(cand), copy
         if copy and copy != cand:
             shutil.rmtree(copy, ignore_errors=True)
-        if collective.rank == 0:
-            rejection = Rejection(cand, problems)
-            protocol.logger.warning("rayguard: skipping checkpoint %s; trying an older one",
-                                    rejection.describe())
-            protocol.reject(collective, store, cand, rejection.describe())
+        _reject(collective, store, cand, problems)
     return None
 
 
+def _reject(collective: Collective, store: CheckpointStore, path: str,
+            problems: tuple[Problem, ...]) -> None:
+    """Rank 0 logs and records the rejection of ``path`` (never resumed from again)."""
+    from rayguard.checkpoint.fallback import Rejection
+    from rayguard.train import protocol
+
+    if collective.rank == 0:
+        rejection = Rejection(path, problems)
+        protocol.logger.warning("rayguard: skipping checkpoint %s; trying an older one",
+                                rejection.describe())
+        protocol.reject(collective, store, path, rejection.describe())
+
+
 def restore(collective: Collective, store: CheckpointStore, chosen: tuple[str, str],
-            sharded: Any, *, previous_rank: int | None) -> Any:
+            sharded: Any, *, previous_rank: int | None, tag: str = "load") -> Any:
     """DCP loads the sharded part of the checkpoint :func:`choose` verified into ``sharded``
-    in place, resharded to this world size; then the plain part, as for ``state=``."""
+    in place, resharded to this world size; then the plain part, as for ``state=``.
+
+    On a store whose ``dcp_data_verified_on_read`` is true (:class:`LocalStore`:
+    :func:`choose` hashed everything but the DCP data files), the data files are verified as
+    DCP reads them (:func:`load_verified`); when a rank finds a bad chunk, rank 0 records
+    the rejection and this returns a :class:`ReadRejection` on every rank: choose again."""
     import shutil
 
     from rayguard import checkpoint as ck
@@ -261,7 +326,13 @@ def restore(collective: Collective, store: CheckpointStore, chosen: tuple[str, s
             info = check_loadable(manifest, path)
         except CheckpointError as exc:  # a plain checkpoint: the same on every attempt
             raise ShardedStateError(f"rank {collective.rank}: {exc}") from None
-        load(local, sharded, manifest)
+        if getattr(store, "dcp_data_verified_on_read", False):
+            problems, touched = load_verified(collective, local, sharded, manifest, tag)
+            if problems:
+                _reject(collective, store, path, problems)
+                return ReadRejection(path, touched)
+        else:
+            load(local, sharded, manifest)
         collective.progress()
         saved = int(info["world_size"])
         note = "" if saved == collective.world_size else (

@@ -90,6 +90,9 @@ class LocalStore:
     """A local or shared filesystem: stage beside the final directory, rename to commit."""
 
     fs: Any = None
+    dcp_data_verified_on_read = True
+    """A sharded load verifies the DCP data files as DCP reads them (``verify_share``
+    hashes the rest), not in a pass of its own before."""
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -145,7 +148,7 @@ class LocalStore:
     def verify_share(self, path: str, rank: int, world_size: int) -> tuple[tuple[Problem, ...], str]:
         from rayguard.checkpoint.sharded import verify_share
 
-        return tuple(verify_share(path, rank, world_size).problems), path
+        return tuple(verify_share(path, rank, world_size, dcp_data=False).problems), path
 
     @contextmanager
     def materialize(self, path: str) -> Iterator[str]:

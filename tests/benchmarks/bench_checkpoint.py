@@ -28,10 +28,12 @@ AdamW-like moments, --size-mib in all); interleaved per repetition:
   rayguard.save         the sharded commit protocol of report(sharded=...): DCP into staging,
                         plain shard with RNG, every DCP file hashed, manifest, atomic rename
   dcp.load              torch.distributed.checkpoint.load, in place          (page cache warm)
-  rayguard.load+verify  every rank hashes its share of the checkpoint's files (as
-                        load_state(sharded=...) does), then DCP loads it; plain shards read
-                                                                             (page cache warm)
-  rayguard.verify only  the hashing share alone (what load+verify adds to dcp.load)
+  rayguard.load+verify  as load_state(sharded=...) does: every rank checks its share (sizes,
+                        .metadata and plain shards hashed), then DCP loads through the
+                        verifying reader (each chunk hashed as read, before use), the ranks
+                        agree; plain shards read                         (page cache warm)
+  rayguard.verify only  the separate hashing pass of every file's share (what the load made
+                        before DCP read, until the reader verified while reading)
 and prints rank 0's medians and the ratios (targets: save <= 1.15x dcp.save, load+verify
 <= 1.2x dcp.load).
 

@@ -67,20 +67,41 @@ def _rayguard_save(root: Path, rep: int, rank: int, sharded: dict) -> None:
                                keys=sorted(sharded))
 
 
+class _GlooCollective:
+    """The one collective call ``load_verified`` makes (a gather to every rank), over gloo."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def gather(self, tag: str, value: object) -> list:
+        out: list = [None] * WORLD
+        dist.all_gather_object(out, value)
+        return out
+
+
 def _rayguard_load(root: Path, rep: int, rank: int, sharded: dict) -> None:
+    """What load_state(sharded=...) does on a local run directory: every rank checks its
+    share (sizes of every file, digests of .metadata and the plain shards), then DCP loads
+    with each rank verifying the bytes it reads, the ranks agree, and the plain shard is
+    read (verified while read)."""
+    from rayguard.checkpoint import read_manifest
     from rayguard.checkpoint.sharded import verify_share
     from rayguard.train import sharded as adapter
 
     final = root / f"checkpoint_{rep:09d}_a0"
     shares: list = [None] * WORLD
-    dist.all_gather_object(shares, verify_share(final, rank, WORLD).problems)
+    dist.all_gather_object(shares, verify_share(final, rank, WORLD, dcp_data=False).problems)
     if any(shares):
         raise RuntimeError(f"{final} did not verify: {shares}")
-    adapter.load(str(final), sharded)
+    problems, _ = adapter.load_verified(_GlooCollective(rank), str(final), sharded,  # type: ignore[arg-type]
+                                     read_manifest(final), f"bench{rep}")
+    if problems:
+        raise RuntimeError(f"{final} did not verify while loading: {problems}")
     read_shard(final, rank)
 
 
 def _verify_only(root: Path, rep: int, rank: int) -> None:
+    """The separate hashing pass the load used to make before DCP read (every file's share)."""
     from rayguard.checkpoint.sharded import verify_share
 
     verify_share(root / f"checkpoint_{rep:09d}_a0", rank, WORLD)

@@ -67,6 +67,6 @@ def test_remote_storage_commits_recovers_and_falls_back(ray_local, tmp_path):
     again = _fit(fs, steps=6)
     events = read_events(again.path, again.filesystem)
     rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
-    assert rejected and names[-1] in rejected[0]["path"] and "sha256" in rejected[0]["detail"]
+    assert rejected and names[-1] in rejected[0]["path"] and "blake3" in rejected[0]["detail"]
     assert again.metrics["start"] == 4  # resumed after step 3, the newest that verifies
     assert again.metrics["w"] == first_w + 1.0  # steps 4 and 5 on top of step 3's weights

@@ -148,7 +148,7 @@ def test_corrupt_dcp_files_are_rejected_and_an_older_one_loads(ray_local_module,
     after_load = str(tmp_path / "after_load.pt")
     _, events, _ = _fit(tmp_path, "corrupt", steps=2, after_load=after_load)
     rejected = {e["path"]: e["detail"] for e in events if e["kind"] == "checkpoint_rejected"}
-    assert "__1_0.distcp: sha256 mismatch" in rejected[by_step[4]]
+    assert "__1_0.distcp: blake3 mismatch" in rejected[by_step[4]]
     assert ".metadata: missing" in rejected[by_step[3]]
     assert "__0_0.distcp: size is" in rejected[by_step[2]]
     restored = [e for e in events if e["kind"] == "restored"]

@@ -71,5 +71,5 @@ def test_sharded_remote_commits_recovers_and_falls_back(ray_local, tmp_path):
     events = read_events(again.path, again.filesystem)
     rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
     assert rejected and names[-1] in rejected[0]["path"]
-    assert "dcp/__1_0.distcp: sha256 mismatch" in rejected[0]["detail"]
+    assert "dcp/__1_0.distcp: blake3 mismatch" in rejected[0]["detail"]
     assert again.metrics["start"] == 4  # resumed after step 3, the newest that verifies

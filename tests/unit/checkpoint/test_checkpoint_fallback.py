@@ -60,8 +60,8 @@ def test_flipped_byte_in_a_committed_shard(root: Path, caplog: pytest.LogCapture
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))
-    _expect_fallback_to_2(root, caplog, SHARD, "sha256 mismatch in bytes [0, ")
-    with pytest.raises(CheckpointCorruptError, match="sha256 mismatch"):
+    _expect_fallback_to_2(root, caplog, SHARD, "blake3 mismatch in bytes [0, ")
+    with pytest.raises(CheckpointCorruptError, match="blake3 mismatch"):
         load(_newest(root))
     assert load(_newest(root), verify=False)["step"] == 3  # only an explicit opt-out reads it
 

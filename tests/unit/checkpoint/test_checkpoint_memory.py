@@ -79,7 +79,7 @@ def test_a_flipped_byte_a_missing_file_or_another_rank_is_refused(tmp_path):
     name = next(iter(files))
     bad = {name: files[name].copy()}
     bad[name][len(bad[name]) - 3] ^= 1
-    with pytest.raises(CheckpointCorruptError, match="sha256 mismatch"):
+    with pytest.raises(CheckpointCorruptError, match="blake3 mismatch"):
         load_snapshot(bad, manifest, 0, str(final))
     with pytest.raises(CheckpointCorruptError, match="memory copy of rank 0"):
         load_snapshot({}, manifest, 0, str(final))

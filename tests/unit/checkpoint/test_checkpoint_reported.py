@@ -36,7 +36,7 @@ def test_a_sealed_directory_verifies_and_a_flipped_byte_or_truncation_does_not(t
     with open(d / "model.pt", "r+b") as f:
         f.seek(500)
         f.write(b"z")
-    assert not verify(d).ok and "sha256 mismatch" in verify(d).describe()
+    assert not verify(d).ok and "blake3 mismatch" in verify(d).describe()
     (d / "sub/optim.pt").write_bytes(b"y")
     assert "truncated" in verify(d).describe()
 

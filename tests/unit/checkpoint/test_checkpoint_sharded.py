@@ -92,10 +92,10 @@ def _truncate(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage, file, what", [
-    (_flip, "__0_0.distcp", "sha256 mismatch"),
+    (_flip, "__0_0.distcp", "blake3 mismatch"),
     (Path.unlink, ".metadata", "missing"),
     (_truncate, "__0_0.distcp", "size is"),
-    (_flip, ".metadata", "sha256 mismatch"),
+    (_flip, ".metadata", "blake3 mismatch"),
 ])
 def test_damaged_dcp_file_is_rejected_and_the_older_one_chosen(tmp_path, damage, file, what):
     old = _dcp_checkpoint(tmp_path, 1, 1.0)

@@ -122,7 +122,7 @@ def test_a_corrupted_streamed_dcp_file_is_rejected_and_the_older_one_loaded(tmp_
     data.write_bytes(bytes(raw))
     report = ck.verify(new)
     assert [p.file for p in report.problems] == ["dcp/__0_0.distcp"]
-    assert "sha256 mismatch" in report.problems[0].what
+    assert "blake3 mismatch" in report.problems[0].what
     found = ck.scan(tmp_path)
     assert found.chosen == old and [r.path for r in found.rejected] == [str(new)]
     state = _load(found.chosen)
