@@ -8,11 +8,17 @@ from __future__ import annotations
 import time
 
 import pytest
+from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.exceptions import WorkerGroupError
 
 import rayguard
 from rayguard.events import read as read_events
-from rayguard.testing.recorder import make_trainer
+
+# Half a CPU per worker: 4 workers fit in 2 of the shared cluster's 4 logical CPUs, whatever
+# earlier test modules left reserved on it (in the whole suite a 4-worker group at 1 CPU
+# each once never found room). A group that cannot start fails at once
+# (controller_failure_limit=0) instead of Ray retrying its start-up timeout without end.
+WORKER_CPUS = 0.5
 
 STALL_S = 4.0
 
@@ -38,8 +44,13 @@ def hang_loop(config):
 def _diagnose(tmp_path, name, num_workers, culprit, mismatch=False):
     guard = rayguard.GuardConfig(numa="off", preflight=False, health=rayguard.HealthConfig(
         stall_timeout_s=STALL_S, max_restarts=0, diagnosis_wait_s=8.0))
-    trainer = make_trainer(hang_loop, tmp_path, num_workers=num_workers, guard=guard, name=name,
-                           config={"culprit": culprit, "mismatch": mismatch})
+    trainer = rayguard.RobustTrainer(
+        hang_loop, train_loop_config={"culprit": culprit, "mismatch": mismatch},
+        scaling_config=ScalingConfig(num_workers=num_workers,
+                                     resources_per_worker={"CPU": WORKER_CPUS}),
+        run_config=RunConfig(storage_path=str(tmp_path), name=name,
+                             failure_config=FailureConfig(controller_failure_limit=0)),
+        guard_config=guard)
     with pytest.raises(WorkerGroupError):
         trainer.fit()
     events = read_events(trainer.run_dir)
