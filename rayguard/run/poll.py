@@ -4,18 +4,26 @@ which every rank's watchdog checks about once a second)."""
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("rayguard")
 
 
 class FactPoll:
-    """A fact of the coordinator watched without blocking: at most one question in flight;
-    :meth:`value` returns the last answer (``None`` until the fact is there)."""
+    """A fact of the coordinator watched without blocking: at most one question in flight,
+    and at most one asked per ``every_s`` however often :meth:`value` is called (a short
+    stall bound wakes the watchdog up to 20 times a second); :meth:`value` returns the last
+    answer (``None`` until the fact is there)."""
 
-    def __init__(self, actor: Any, key: str) -> None:
+    def __init__(self, actor: Any, key: str, every_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._actor = actor
         self._key = key
+        self._every_s = every_s
+        self._clock = clock
+        self._asked: float | None = None
         self._ref: Any = None
         self._value: Any = None
 
@@ -33,6 +41,8 @@ class FactPoll:
             except Exception as exc:  # the coordinator gone: ask again next time
                 logger.debug("rayguard: could not read %s: %s", self._key, exc)
             self._ref = None
-        if self._value is None:
+        now = self._clock()
+        if self._value is None and (self._asked is None or now - self._asked >= self._every_s):
+            self._asked = now
             self._ref = self._actor.get.remote(self._key)
         return self._value
