@@ -63,3 +63,10 @@ def enable_default_token_auth() -> None:
     except ImportError:
         return
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def alive_node_resources() -> dict[str, dict[str, float]]:
+    """Total resources of every alive node, by node id."""
+    import ray
+
+    return {n["NodeID"]: dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")}

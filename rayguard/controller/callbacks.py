@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayguard._ray.core import alive_node_resources
 from rayguard._ray.train import (
     ControllerCallback,
     WorkerGroupCallback,
@@ -14,7 +15,7 @@ from rayguard._ray.train import (
     set_group_label_selector,
     unwrap_worker_error,
 )
-from rayguard.controller.fence import FenceView, alive_node_resources
+from rayguard.controller.fence import FenceView
 from rayguard.events import make_event
 from rayguard.failures import Failure, classify
 from rayguard.health.quarantine import NodeFailure, node_failure_reason

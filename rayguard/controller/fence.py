@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+from rayguard._ray.core import alive_node_resources
 from rayguard._ray.train import FixedScalingPolicy, NoopDecision, resources_per_worker
 from rayguard.events import make_event
 from rayguard.placement.exclude import workers_that_fit
@@ -57,13 +58,6 @@ class FenceView:
             return dict(ray.get(self.coordinator.quarantined_nodes.remote(), timeout=30))
         except Exception:
             return {n: {} for n in self._nodes}
-
-
-def alive_node_resources() -> dict[str, dict[str, float]]:
-    """Total resources of every alive node, by node id."""
-    import ray
-
-    return {n["NodeID"]: dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")}
 
 
 def wait_message(num_workers: int, room: int, quarantined: dict[str, dict[str, Any]],

@@ -340,10 +340,10 @@ class RunCoordinator:
 
 def _nodes_alive() -> int | None:
     """How many nodes the cluster has alive (``None``: not known, outside Ray)."""
-    try:
-        import ray
+    from rayguard._ray.core import alive_node_resources
 
-        return sum(1 for n in ray.nodes() if n.get("Alive"))
+    try:
+        return len(alive_node_resources())
     except Exception:
         return None
 
