@@ -40,6 +40,10 @@ DEFAULT_PREEMPTION_GRACE_S = 25.0
 # for a 2 s poll. A value the user set explicitly is kept.
 RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
+LIVE_PG_ENV_VAR = "RAYGUARD_LIVE_PG"
+"""Set by the live-recovery backend in every worker (``"<backend>,<timeout_s>"``): how a
+replacement and the survivors form their process group again (rayguard.train.live)."""
+
 # Ray's own variable naming the cluster to join. RobustTrainer sets it, for the controller
 # (and the actors Ray Train starts from there, its PlacementGroupCleaner among them) and the
 # workers, to the cluster fit() runs on: with several clusters on one machine, an unset

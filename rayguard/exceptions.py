@@ -70,6 +70,11 @@ class RayVersionError(ConfigError):
     The message names the Ray version, what is missing, and the supported range to install."""
 
 
+class PeersLostError(RayGuardError):
+    """A wait for every rank was released: a peer failed and the run's coordinator opened a
+    live recovery (``GuardConfig(recovery="live")``); the survivors rejoin."""
+
+
 class WorkerSetupError(RayGuardError):
     """A worker could not be set up before the user's training function (device, env, NUMA)."""
 

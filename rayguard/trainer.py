@@ -23,6 +23,7 @@ from ray.train.v2.api.config import (  # what ray.train exports under V2
 )
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
+from rayguard._ray.live_backend import apply_live
 from rayguard._ray.train import GuardHooksTrainer  # a ray.train.torch.TorchTrainer
 from rayguard.config import GuardConfig
 from rayguard.constants import (
@@ -85,6 +86,7 @@ class RobustTrainer(GuardHooksTrainer):
         self.last_goodput: Any = None
         """The last ``fit()``'s goodput (:class:`rayguard.observe.goodput.Goodput`, from its
         event log), also the driver's last line."""
+        self._live = apply_live(guard_config, kwargs)
         user_run_config = run_config is not None
         run_config, note = _with_restart_budget(run_config, guard_config)
         self._budget_note = note if user_run_config else None  # only where 0 may be meant
@@ -118,14 +120,16 @@ class RobustTrainer(GuardHooksTrainer):
         if self.running_in_local_mode:
             return train_func
         return GuardedTrainFn(train_func, self.guard_config, self._coordinator, self.run_dir,
-                              replica_groups=self._replica_groups,
+                              replica_groups=self._replica_groups and not self._live,
                               max_failures=cast(FailureConfig,
-                                                self._rc.failure_config).max_failures)
+                                                self._rc.failure_config).max_failures,
+                              live=self._live)
 
     @property
     def _replica_groups(self) -> bool:
-        """Whether the backend (Ray's ``TorchftConfig``) runs each worker as its own replica
-        group, which Ray's controller replaces alone when it fails."""
+        """Whether the backend runs each worker as its own replica group, which Ray's
+        controller replaces alone when it fails: Ray's ``TorchftConfig``, or rayguard's live
+        recovery (:mod:`rayguard._ray.live_backend`)."""
         return bool(getattr(self.backend_config.backend_cls, "has_replica_groups", False))
 
     def controller_callbacks(self, callbacks: list[Any]) -> list[Any]:
@@ -136,7 +140,7 @@ class RobustTrainer(GuardHooksTrainer):
         if self._coordinator is not None:
             callbacks.append(RayGuardCallback(
                 self._coordinator, quarantine=self.guard_config.health.quarantine_after is not None,
-                replica_groups=self._replica_groups))
+                replica_groups=self._replica_groups, live=self._live))
             store = CoordinatorStore(self._coordinator)
         callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store))
         return callbacks

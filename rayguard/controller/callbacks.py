@@ -42,12 +42,15 @@ def failure_fields(failure: Failure) -> dict[str, Any]:
 
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
     def __init__(self, coordinator: Any, quarantine: bool = False, *,
-                 replica_groups: bool = False) -> None:
+                 replica_groups: bool = False, live: bool = False) -> None:
         self.coordinator = coordinator
         self.fence = FenceView(coordinator) if quarantine else None
         """The quarantined nodes (``None``: quarantine off, no node is counted or left out)."""
         self.replica_groups = replica_groups
-        """Ray replaces a failed replica group alone (``TorchftConfig``): no new attempt."""
+        """Ray replaces a failed replica group alone (``TorchftConfig``, or live recovery)."""
+        self.live = live
+        """Live recovery (:mod:`rayguard.train.live`): a replacement opens a new attempt, which
+        the survivors rejoin (``TorchftConfig``: no new attempt, torchft's own quorum)."""
         self._attempt = -1
         self._reported: set[tuple[int, int]] = set()
         self._nodes: list[str] = []  # the node of each rank of the running group
@@ -134,6 +137,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             return
         if self.replica_groups and self._failed and len(self._failed) < self._world:
             ranks = sorted(self._failed)  # Ray's controller replaces only these
+            if self.live:
+                self._open_live(ranks)
+                return
             self.coordinator.record.remote(make_event(
                 "restart", f"rank(s) {ranks} replaced in attempt {self._attempt} (Ray's "
                 "replica-group restart); the other workers keep their processes",
@@ -142,3 +148,17 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self.coordinator.record.remote(make_event(
             "restart", f"worker group restarts after attempt {self._attempt}",
             attempt=self._attempt))
+
+    def _open_live(self, ranks: list[int]) -> None:
+        """Live recovery: the next attempt opens before Ray starts the replacement (which
+        reads it), and the survivors' notice with it (:mod:`rayguard.health.live`)."""
+        import ray
+
+        old = self._attempt
+        detail = (f"rank(s) {ranks} of attempt {old} replaced alone; the other workers keep "
+                  "their processes and rejoin")
+        self._attempt = int(ray.get(self.coordinator.open_live.remote(old, ranks, detail),
+                                    timeout=30))
+        self.coordinator.record.remote(make_event(
+            "restart", f"{detail} in attempt {self._attempt}", attempt=old, path="live",
+            ranks=ranks, next_attempt=self._attempt))

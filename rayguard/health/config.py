@@ -42,6 +42,11 @@ class HealthConfig:
     a rank that has not answered by then is named as a culprit. Detection takes the
     stall bound plus at most this (live ranks answer within about a second)."""
 
+    live_wait_s: float = 30.0
+    """``GuardConfig(recovery="live")``: how long a surviving rank waits for the run to say
+    that a peer was lost (and then for the replacement to join) before it gives up and the
+    whole worker group restarts instead."""
+
     crash_loop_retries: int = 1
     """Restarts allowed for a failure that repeats: the same exception from the same frame on
     the same rank ending consecutive attempts with no checkpoint committed in between (or at
@@ -150,6 +155,12 @@ class HealthConfig:
             raise config_error("HealthConfig", "diagnosis_wait_s", self.diagnosis_wait_s,
                                "must be a number of seconds in (0, 600]",
                                "pass e.g. diagnosis_wait_s=5")
+        if not (isinstance(self.live_wait_s, (int, float))
+                and not isinstance(self.live_wait_s, bool)
+                and 0 < self.live_wait_s <= 3600 and math.isfinite(self.live_wait_s)):
+            raise config_error("HealthConfig", "live_wait_s", self.live_wait_s,
+                               "must be a number of seconds in (0, 3600]",
+                               "pass e.g. live_wait_s=30")
         if not (isinstance(self.crash_loop_retries, int)
                 and not isinstance(self.crash_loop_retries, bool) and self.crash_loop_retries >= 0):
             raise config_error("HealthConfig", "crash_loop_retries", self.crash_loop_retries,

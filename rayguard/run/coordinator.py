@@ -18,6 +18,7 @@ from rayguard.events.kinds import NOTABLE_KINDS
 from rayguard.failures.taxonomy import is_kill_mark
 from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.health.eviction import RankScore
+from rayguard.health.live import live_key
 from rayguard.health.quarantine import NodeFailure
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
@@ -40,6 +41,7 @@ class RunCoordinator:
         self._gathers: dict[str, dict[int, Any]] = {}
         self._gather_reads: dict[str, int] = {}
         self._gather_calls = 0
+        self._released: set[str] = set()  # "a<attempt>:": attempts a live recovery ended
         self._failures: dict[int, list[FailureRecord]] = {}
         self._commits: dict[int, int] = {}
         self._progress: dict[str, Any] = {}
@@ -232,6 +234,19 @@ class RunCoordinator:
     def get(self, key: str, default: Any = None) -> Any:
         return self._store.get(key, default)
 
+    # -- live recovery (rayguard/train/live.py) --------------------------------------------
+    def open_live(self, attempt: int, ranks: list[int], detail: str) -> int:
+        """Ray replaces the failed ``ranks`` of ``attempt`` alone: open the next attempt, leave
+        the survivors their notice, and release every wait of ``attempt`` (its gathers can no
+        longer complete). Returns the new attempt."""
+        with self._cond:
+            new = self.new_attempt()
+            self._store[live_key(attempt)] = {"attempt": new, "ranks": sorted(ranks),
+                                              "at": time.time(), "detail": detail}
+            self._released.add(f"a{attempt}:")
+            self._cond.notify_all()
+            return new
+
     # -- hang diagnosis (rayguard/run/diagnosis.py) ---------------------------------------
     def open_diagnosis(self, attempt: int, rank: int, world_size: int, wait_s: float) -> bool:
         """A rank's watchdog fired: open the attempt's diagnosis (``False``: already open)."""
@@ -267,7 +282,9 @@ class RunCoordinator:
             slot = self._gathers.setdefault(tag, {})
             slot[rank] = value
             self._cond.notify_all()
-            if not self._cond.wait_for(lambda: len(slot) >= world_size or self._closed,
+            released = tag[:tag.find(":") + 1]
+            if not self._cond.wait_for(lambda: len(slot) >= world_size or self._closed
+                                       or released in self._released,
                                        timeout=timeout_s) or len(slot) < world_size:
                 return None
             values = [slot[r] for r in sorted(slot)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayguard.events import make_event
-from rayguard.exceptions import RayGuardError
+from rayguard.exceptions import PeersLostError, RayGuardError
 from rayguard.run.poll import FactPoll
 
 logger = logging.getLogger("rayguard")
@@ -174,7 +174,8 @@ class RunLink:
             if ready:
                 result = ray.get(ref)
                 if result is None:
-                    raise RayGuardError(f"rank {self.ctx.rank}: peers never reached {tag!r}")
+                    raise PeersLostError(f"rank {self.ctx.rank}: peers lost: the peers never "
+                                         f"reached {tag!r}")
                 return list(result)
             self.progress()
 

@@ -43,6 +43,21 @@ class Forwarder:
         self.flush(timeout_s)
         self._queue.put(None)
 
+    def abandon(self, timeout_s: float) -> bool:
+        """Drop what is still queued, stop the thread, and wait up to ``timeout_s`` for the
+        report it is forwarding now (live recovery: a survivor's reports of the lost attempt
+        must not reach Ray's barriers of the next one). Returns whether the thread ended."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()

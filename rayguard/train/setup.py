@@ -96,12 +96,14 @@ def _worker_info(ctx: GuardContext) -> dict[str, Any]:
             "pid": os.getpid()}
 
 
-def _setup_infos(link: RunLink, ctx: GuardContext) -> list[dict[str, Any]]:
+def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False
+                 ) -> list[dict[str, Any]]:
     """Every rank's :func:`_worker_info`. A worker :attr:`~RunLink.alone` (its own replica
-    group) leaves its own with the coordinator and reads the others' there: a replacement
-    that Ray starts beside running peers finds theirs, left when they started."""
+    group), or one that Ray may replace alone (``by_marks``: live recovery), leaves its own
+    with the coordinator and reads the others' there: a replacement that Ray starts beside
+    running peers finds theirs, left when they started (or rejoined)."""
     mine = _worker_info(ctx)
-    if not link.alone:
+    if not (link.alone or by_marks):
         return link.gather("setup", mine)
     link.mark(f"setup:{ctx.attempt}:{ctx.rank}", mine)
     return [mine if r == ctx.rank else link.wait_for(f"setup:{ctx.attempt}:{r}")
@@ -220,7 +222,8 @@ class GuardedTrainFn:
     """The function Ray Train runs in each worker: rayguard's set-up, then the user's loop."""
 
     def __init__(self, inner: Callable[[], Any], guard: GuardConfig, coordinator: Any,
-                 run_dir: str, *, replica_groups: bool = False, max_failures: int = -1) -> None:
+                 run_dir: str, *, replica_groups: bool = False, max_failures: int = -1,
+                 live: bool = False) -> None:
         self.inner = inner
         self.guard = guard
         self.coordinator = coordinator
@@ -231,28 +234,55 @@ class GuardedTrainFn:
         self.max_failures = max_failures
         """The run's restart budget (``FailureConfig(max_failures)``; -1: unlimited): it
         bounds the in-place rollbacks too."""
+        self.live = live
+        """Live recovery (:mod:`rayguard.train.live`): Ray replaces a failed worker alone and
+        the survivors rejoin it in their own processes."""
 
     def __call__(self) -> Any:
-        session, hook, bridge = self._set_up()
-        try:
+        attempt = None  # set when this process rejoins a live recovery
+        while True:
+            session, hook, bridge = self._set_up(attempt)
             try:
-                result = self._run(session, bridge)
-                session.finish()  # the checkpoint in flight commits (or raises) first
-            except BaseException as exc:
-                session.settle()
+                try:
+                    result = self._run(session, bridge)
+                    session.finish()  # the checkpoint in flight commits (or raises) first
+                except BaseException as exc:
+                    session.settle()
+                    set_active(False)
+                    session.watchdog.stop()
+                    attempt = self._rejoin(session, exc)
+                    if attempt is None:
+                        session.forwarder.flush_quietly(timeout_s=5)  # keep what was reported
+                        session.report_failure(exc)
+                        raise
+                    continue
                 set_active(False)
-                session.watchdog.stop()
-                session.forwarder.flush_quietly(timeout_s=5)  # keep what was reported before
-                session.report_failure(exc)
-                raise
-            set_active(False)
-            session.close()
-            set_context(None)
-            return result
-        finally:
-            if hook is not None:  # its optimizers' steps are no longer this session's
-                hook.remove()
-            ray_report.uninstall(bridge)
+                session.close()
+                set_context(None)
+                return result
+            finally:
+                if hook is not None:  # its optimizers' steps are no longer this session's
+                    hook.remove()
+                ray_report.uninstall(bridge)
+
+    def _rejoin(self, session: WorkerSession, exc: BaseException) -> int | None:
+        """The attempt this process rejoins after ``exc`` (``None``: it raises)."""
+        if not self.live or session.ctx.world_size < 2:
+            return None
+        from rayguard.train.live import leave_group, rejoin_attempt
+
+        wait_s = self.guard.health.live_wait_s
+        attempt = rejoin_attempt(session.link, exc, wait_s)
+        if attempt is None:
+            return None
+        if not session.forwarder.abandon(wait_s):  # Ray's barrier reset releases it
+            raise WorkerSetupError(
+                f"rank {session.ctx.rank}: live recovery: a report of attempt "
+                f"{session.ctx.attempt} still waits in ray.train.report after {wait_s} s "
+                "(HealthConfig(live_wait_s)); this rank is replaced too") from exc
+        session.checkpointer.close()
+        leave_group()
+        return attempt
 
     def _run(self, session: WorkerSession, bridge: ray_report.RayReportBridge) -> Any:
         """The user's function; again in this process after each in-place rollback."""
@@ -262,14 +292,16 @@ class GuardedTrainFn:
             except RollBack as rollback:
                 re_enter(session, bridge, rollback, self.max_failures)
 
-    def _set_up(self) -> tuple[WorkerSession, Any, ray_report.RayReportBridge]:
+    def _set_up(self, attempt: int | None = None
+                ) -> tuple[WorkerSession, Any, ray_report.RayReportBridge]:
         from rayguard.logs import configure_logging, quiet_ray_reports
 
         setup_start_time = time.time()  # the set-up phase of a restart begins (goodput)
         configure_logging()
         quiet_ray_reports()
 
-        ctx = _base_context(self.run_dir, read_attempt(self.coordinator))
+        ctx = _base_context(self.run_dir, read_attempt(self.coordinator)
+                            if attempt is None else attempt)
         check_rank_env(dict(os.environ), ctx)
         faults = parse_faults(";".join(filter(None, [self.guard.faults,
                                                      os.environ.get(FAULTS_ENV_VAR)])))
@@ -284,7 +316,8 @@ class GuardedTrainFn:
             link.record("preflight_error", str(exc), wait=True)
             raise
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
-        infos = _setup_infos(link, ctx)
+        infos = _setup_infos(link, ctx, by_marks=self.live)
+        live_path = self._form_group(link)
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed
@@ -305,8 +338,22 @@ class GuardedTrainFn:
         if ctx.rank == 0:
             link.record("attempt_started", f"attempt {ctx.attempt} started with "
                         f"{ctx.world_size} worker(s)", world_size=ctx.world_size,
-                        setup_start_time=setup_start_time)
+                        setup_start_time=setup_start_time, **live_path)
         return session, hook, bridge
+
+    def _form_group(self, link: RunLink) -> dict[str, Any]:
+        """Live recovery: a replacement, or a survivor that rejoins, has no process group;
+        form it with the others (``{"path": "live", ...}`` for the attempt's event)."""
+        if not self.live or link.ctx.world_size < 2:
+            return {}
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return {}
+        from rayguard.train.live import rendezvous
+
+        seconds = rendezvous(link, self.guard.health.live_wait_s)
+        return {"path": "live", "phases": {"rendezvous_s": seconds}}
 
     def _session(self, link: RunLink, watchdog: Watchdog, store: CheckpointStore,
                  faults: tuple[Fault, ...], inner: Any) -> WorkerSession:

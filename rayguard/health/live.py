@@ -1,0 +1,70 @@
+"""Live recovery's decisions (``GuardConfig(recovery="live")``), pure: what a surviving rank
+does when its training function raised, and the coordinator key that says a peer failed.
+
+Ray Train's controller replaces a failed worker alone (:mod:`rayguard._ray.live_backend`);
+before it does, rayguard's controller callback opens the next attempt at the run's
+coordinator and leaves a *notice* under :func:`live_key` of the failed attempt: the new
+attempt and the ranks being replaced. A survivor sees its peer's loss as an error out of a
+collective (gloo: the dead peer's connection closes; NCCL: the communicator aborts) or out
+of a released coordinator wait (:class:`rayguard.exceptions.PeersLostError`); it waits a
+bounded time for the notice and then rejoins (:mod:`rayguard.train.live`). An error that
+does not look like a lost peer, or no notice in time, is this rank's own failure: it
+raises as it always did, and Ray replaces this rank (or, when every rank raised, restarts
+the whole group: the fallback).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PEER_LOSS_MARKERS = (
+    "connection closed by peer", "connection reset by peer", "broken pipe",
+    "connection refused", "gloo", "nccl", "processgroup", "process group",
+    "peers lost", "socket", "synchronization barrier was reset", "end of file",
+)
+"""Lower-case fragments of the errors a survivor sees when a peer dies (gloo's connection
+errors, NCCL's communicator errors, Ray's barrier reset, rayguard's released waits)."""
+
+
+def live_key(attempt: int) -> str:
+    """The coordinator key of the notice that ``attempt`` lost ranks that Ray replaces."""
+    return f"live:{attempt}"
+
+
+def looks_like_peer_loss(error_type: str, message: str) -> bool:
+    """Whether an error may be a peer's loss seen from a survivor (then the survivor waits
+    for the notice) rather than this rank's own bug (then it raises at once)."""
+    if error_type in ("PeersLostError", "DistBackendError", "DistNetworkError",
+                      "DistStoreError", "SynchronizationBarrierResetError"):
+        return True
+    text = message.lower()
+    return any(marker in text for marker in PEER_LOSS_MARKERS)
+
+
+@dataclass(frozen=True)
+class RejoinDecision:
+    """What a rank whose training function raised does: rejoin at ``attempt``, or raise
+    (``reason`` says why not)."""
+
+    rejoin: bool
+    attempt: int | None = None
+    replaced: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def plan_rejoin(notice: dict[str, Any] | None, *, rank: int, attempt: int) -> RejoinDecision:
+    """The decision of ``rank`` of ``attempt`` given the coordinator's notice (``None``:
+    none came in time)."""
+    if notice is None:
+        return RejoinDecision(False, reason=(
+            f"no peer of attempt {attempt} was reported lost: the error is rank {rank}'s own"))
+    replaced = tuple(int(r) for r in notice.get("ranks", ()))
+    if rank in replaced:
+        return RejoinDecision(False, replaced=replaced, reason=(
+            f"rank {rank} is itself being replaced in attempt {notice.get('attempt')}"))
+    return RejoinDecision(True, int(notice["attempt"]), replaced)
+
+
+__all__ = ["PEER_LOSS_MARKERS", "RejoinDecision", "live_key", "looks_like_peer_loss",
+           "plan_rejoin"]

@@ -1,0 +1,76 @@
+"""A DDP loop whose weights are exact only if a resume is exact: the recovery tests' loop.
+
+Each entry into the function appends one line to ``config["log"]`` (rank, pid, attempt, Ray's
+view of the rank, the step it resumed from, what ``ray.train.get_checkpoint()`` answered), and
+rank 0 appends each completed step, with its time, to ``config["log"] + ".steps"``; rank 0
+saves the final weights to ``config["out"]``. Dropout and the rank's own random batches
+make the weights depend on every rank's RNG state, so only an exact restore of the model,
+the optimizer and the RNG reproduces a run without faults bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+
+def read_lines(path: str) -> list[dict[str, Any]]:
+    """The JSON lines a loop wrote (``[]``: none)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def exact_loop(config: dict[str, Any]) -> None:
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    import rayguard
+
+    ctx = rayguard.train.get_context()
+    rctx = ray.train.get_context()
+    entered = {"rank": ctx.rank, "pid": os.getpid(), "ctx": id(ctx), "attempt": ctx.attempt,
+               "ray_ctx": [rctx.get_world_rank(), rctx.get_world_size(), rctx.get_local_rank(),
+                           rctx.get_experiment_name(), rctx.get_storage().experiment_fs_path]}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(16, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    state = rayguard.train.load_state()
+    checkpoint = ray.train.get_checkpoint()
+    entered["ray_checkpoint"] = None if checkpoint is None else os.path.basename(checkpoint.path)
+    entered["loaded_step"] = None if state is None else state["step"]
+    with open(config["log"], "a") as f:
+        f.write(json.dumps(entered) + "\n")
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        start = state["step"] + 1
+    every = int(config.get("every", 1))
+    step_s = float(config.get("step_s", 0.0))
+    for step in range(start, config["steps"]):
+        x = torch.randn(16, 8)  # the rank's RNG: exact only if RNG state is restored
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step_s:
+            time.sleep(step_s)
+        state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
+        if ctx.rank == 0:
+            with open(config["log"] + ".steps", "a") as f:
+                f.write(json.dumps({"step": step, "t": time.time(), "pid": os.getpid()}) + "\n")
+        keep = ctx.rank == 0 and (step + 1) % every == 0
+        rayguard.train.report({"loss": loss.item(), "step": step}, state=state if keep else None)
+    dist.barrier()
+    if ctx.rank == 0:
+        torch.save(model.state_dict(), config["out"])
+
+
+__all__ = ["exact_loop", "read_lines"]

@@ -1,0 +1,135 @@
+"""Live recovery inside a worker (``GuardConfig(recovery="live")``): a surviving rank keeps
+its process when a peer fails, and rejoins the replacement.
+
+The set-up wrapper (:class:`rayguard.train.setup.GuardedTrainFn`) calls
+:func:`rejoin_attempt` when the training function raised. The decision is
+:func:`rayguard.health.live.plan_rejoin`; on "rejoin" this rank leaves its process group
+(:func:`leave_group`) and runs rayguard's set-up and the training function again in the
+same process, at the attempt the coordinator opened: the process, its imports, its CUDA
+context and its compiled code stay; the model, optimizer and data loader are the training
+function's own and are built again, then restored by ``load_state()`` from the last
+committed checkpoint (the memory tier when it holds it). Ray starts only the failed rank
+again; it and the survivors form the process group anew in :func:`rendezvous` (rank 0 of
+the new attempt hosts the store; the address goes through the coordinator).
+
+Every wait is bounded: the notice (``HealthConfig(live_wait_s)``), the rendezvous (the same
+bound). Past a bound the rank raises, Ray sees every rank fail and restarts the whole group
+(the fallback, recorded as any restart).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from rayguard.constants import LIVE_PG_ENV_VAR
+from rayguard.exceptions import WorkerSetupError
+from rayguard.health.live import live_key, looks_like_peer_loss, plan_rejoin
+from rayguard.run.link import RunLink
+
+logger = logging.getLogger("rayguard")
+
+PG_KEY = "live:pg:{attempt}"
+"""Coordinator key: ``[host, port]`` of the store rank 0 of a live attempt hosts."""
+
+
+def await_notice(link: RunLink, attempt: int, wait_s: float) -> dict[str, Any] | None:
+    """The coordinator's notice that ``attempt`` lost ranks (``None``: none in ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            notice = link.get(live_key(attempt))
+        except Exception as exc:  # no coordinator: no live recovery
+            logger.debug("rayguard: no live-recovery notice: %s", exc)
+            return None
+        if notice is not None or time.monotonic() >= deadline:
+            return notice
+        link.progress()
+        time.sleep(0.05)
+
+
+def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | None:
+    """The attempt this rank rejoins after ``exc`` ended its training function (``None``:
+    raise ``exc`` as before)."""
+    if not isinstance(exc, Exception):
+        return None
+    ctx = link.ctx
+    if not looks_like_peer_loss(type(exc).__name__, str(exc)):
+        return None
+    notice = await_notice(link, ctx.attempt, wait_s)
+    decision = plan_rejoin(notice, rank=ctx.rank, attempt=ctx.attempt)
+    if not decision.rejoin:
+        logger.info("rayguard: rank %s raises: %s", ctx.rank, decision.reason)
+        return None
+    logger.warning("rayguard: rank %s keeps its process: rank(s) %s of attempt %s are "
+                   "replaced; rejoining in attempt %s (after %s: %s)", ctx.rank,
+                   list(decision.replaced), ctx.attempt, decision.attempt,
+                   type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+    return decision.attempt
+
+
+def leave_group() -> None:
+    """Leave the default process group (NCCL: its communicators are aborted first, so that
+    no kernel waits on the lost peer)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if "nccl" in str(dist.get_backend()):
+            abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+            if abort is not None:
+                abort()
+                return
+        dist.destroy_process_group()
+    except Exception as exc:  # a broken group is what we leave; never fail for it
+        logger.debug("rayguard: leaving the process group: %s", exc)
+
+
+def pg_settings() -> tuple[str, int]:
+    """The process group's backend and timeout, as the live backend left them."""
+    raw = os.environ.get(LIVE_PG_ENV_VAR, "gloo,1800")
+    backend, _, timeout = raw.partition(",")
+    return backend or "gloo", int(timeout or 1800)
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def rendezvous(link: RunLink, wait_s: float) -> float:
+    """Form the default process group of this attempt with its peers (the survivors and the
+    replacement). Returns the seconds it took."""
+    import ray
+    import torch.distributed as dist
+
+    ctx = link.ctx
+    started = time.monotonic()
+    key = PG_KEY.format(attempt=ctx.attempt)
+    if ctx.rank == 0:
+        host = ray.util.get_node_ip_address()
+        link.mark(key, [host, _free_port(host)])
+    try:
+        host, port = link.wait_for(key, timeout_s=wait_s)
+    except Exception as exc:
+        raise WorkerSetupError(
+            f"rank {ctx.rank}: live recovery of attempt {ctx.attempt}: rank 0 never published "
+            f"its process-group address within {wait_s} s (HealthConfig(live_wait_s)); the "
+            "run falls back to a restart of the whole worker group") from exc
+    backend, timeout_s = pg_settings()
+    address = f"[{host}]" if ":" in str(host) else str(host)
+    dist.init_process_group(backend=backend, init_method=f"tcp://{address}:{port}",
+                            rank=ctx.rank, world_size=ctx.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return time.monotonic() - started
+
+
+__all__ = ["PG_KEY", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
+           "rendezvous"]
