@@ -174,8 +174,7 @@ class RunLink:
             if ready:
                 result = ray.get(ref)
                 if result is None:
-                    raise PeersLostError(f"rank {self.ctx.rank}: peers lost: the peers never "
-                                         f"reached {tag!r}")
+                    raise PeersLostError(f"rank {self.ctx.rank}: peers lost before {tag!r}")
                 return list(result)
             self.progress()
 

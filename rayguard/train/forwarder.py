@@ -20,6 +20,9 @@ class Forwarder:
     def __init__(self, name: str = "rayguard-report") -> None:
         self._queue: queue.Queue[tuple[Future, Callable[..., Any], tuple, dict] | None] = queue.Queue()
         self._error: BaseException | None = None
+        self._gate = threading.Event()  # cleared: hold the next report (live recovery)
+        self._gate.set()
+        self._dropped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -43,18 +46,21 @@ class Forwarder:
         self.flush(timeout_s)
         self._queue.put(None)
 
+    def hold(self) -> None:
+        """Start no further report until :meth:`resume` or :meth:`abandon` (the one being
+        forwarded goes on)."""
+        self._gate.clear()
+
+    def resume(self) -> None:
+        self._gate.set()
+
     def abandon(self, timeout_s: float) -> bool:
         """Drop what is still queued, stop the thread, and wait up to ``timeout_s`` for the
         report it is forwarding now (live recovery: a survivor's reports of the lost attempt
         must not reach Ray's barriers of the next one). Returns whether the thread ended."""
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
+        self._dropped = True
         self._queue.put(None)
+        self._gate.set()
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
@@ -64,6 +70,10 @@ class Forwarder:
             if item is None:
                 return
             fut, fn, args, kwargs = item
+            self._gate.wait()
+            if self._dropped:
+                fut.cancel()
+                continue
             if self._error is not None:
                 fut.set_exception(self._error)
                 continue

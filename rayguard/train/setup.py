@@ -247,11 +247,14 @@ class GuardedTrainFn:
                     result = self._run(session, bridge)
                     session.finish()  # the checkpoint in flight commits (or raises) first
                 except BaseException as exc:
+                    if self.live:  # no report of this attempt may start after Ray's reset
+                        session.forwarder.hold()
                     session.settle()
                     set_active(False)
                     session.watchdog.stop()
                     attempt = self._rejoin(session, exc)
                     if attempt is None:
+                        session.forwarder.resume()
                         session.forwarder.flush_quietly(timeout_s=5)  # keep what was reported
                         session.report_failure(exc)
                         raise
