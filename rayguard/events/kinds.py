@@ -18,6 +18,7 @@ RUN_KINDS = (
     "node_quarantined", "quarantine_lifted",  # rayguard.run.fence: bad nodes fenced off
     "placement_wait",  # rayguard.controller.fence: a fixed-size run waits for admitted nodes
     "hang_diagnosed",  # rayguard.run.diagnosis: the one decision on a hang (culprits)
+    "rejoined",  # rayguard.train.live: a rank joined a live recovery's process group
 )
 
 # A sweep's kinds (the health callback of rayguard.tune).

@@ -32,6 +32,11 @@ def live_key(attempt: int) -> str:
     return f"live:{attempt}"
 
 
+def opened_key(attempt: int) -> str:
+    """The coordinator key of the same notice, by the attempt it opened."""
+    return f"live:opened:{attempt}"
+
+
 def looks_like_peer_loss(error_type: str, message: str) -> bool:
     """Whether an error may be a peer's loss seen from a survivor (then the survivor waits
     for the notice) rather than this rank's own bug (then it raises at once)."""
@@ -66,5 +71,5 @@ def plan_rejoin(notice: dict[str, Any] | None, *, rank: int, attempt: int) -> Re
     return RejoinDecision(True, int(notice["attempt"]), replaced)
 
 
-__all__ = ["PEER_LOSS_MARKERS", "RejoinDecision", "live_key", "looks_like_peer_loss",
+__all__ = ["PEER_LOSS_MARKERS", "RejoinDecision", "live_key", "looks_like_peer_loss", "opened_key",
            "plan_rejoin"]

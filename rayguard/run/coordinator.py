@@ -18,7 +18,7 @@ from rayguard.events.kinds import NOTABLE_KINDS
 from rayguard.failures.taxonomy import is_kill_mark
 from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.health.eviction import RankScore
-from rayguard.health.live import live_key
+from rayguard.health.live import live_key, opened_key
 from rayguard.health.quarantine import NodeFailure
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
@@ -241,8 +241,9 @@ class RunCoordinator:
         longer complete). Returns the new attempt."""
         with self._cond:
             new = self.new_attempt()
-            self._store[live_key(attempt)] = {"attempt": new, "ranks": sorted(ranks),
-                                              "at": time.time(), "detail": detail}
+            notice = {"attempt": new, "ranks": sorted(ranks), "at": time.time(),
+                      "detail": detail}
+            self._store[live_key(attempt)] = self._store[opened_key(new)] = notice
             self._released.add(f"a{attempt}:")
             self._cond.notify_all()
             return new

@@ -28,7 +28,7 @@ from typing import Any
 
 from rayguard.constants import LIVE_PG_ENV_VAR
 from rayguard.exceptions import WorkerSetupError
-from rayguard.health.live import live_key, looks_like_peer_loss, plan_rejoin
+from rayguard.health.live import live_key, looks_like_peer_loss, opened_key, plan_rejoin
 from rayguard.run.link import RunLink
 
 logger = logging.getLogger("rayguard")
@@ -131,5 +131,42 @@ def rendezvous(link: RunLink, wait_s: float) -> float:
     return time.monotonic() - started
 
 
+def _process_started_at() -> float | None:
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # psutil comes with Ray; never fail set-up for a figure
+        return None
+
+
+def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float,
+                    formed_at: float, rendezvous_s: float) -> None:
+    """This rank's ``rejoined`` event: its phases from the recovery's opening (the notice's
+    time) to its process group. A replacement: ``process_start_s`` (the notice to its process
+    existing), ``imports_s`` (the process to rayguard's set-up: Ray's actor, imports, the
+    train context), ``setup_s`` (set-up to the rendezvous), ``rendezvous_s``; a survivor:
+    ``wait_s`` (the notice to its set-up again), ``setup_s``, ``rendezvous_s``."""
+    ctx = link.ctx
+    try:
+        notice = link.get(opened_key(ctx.attempt)) or {}
+    except Exception:
+        notice = {}
+    opened = notice.get("at")
+    phases: dict[str, float] = {"setup_s": formed_at - setup_start_time,
+                                "rendezvous_s": rendezvous_s}
+    started = _process_started_at() if replacement else None
+    if replacement and started is not None:
+        phases["imports_s"] = setup_start_time - started
+        if opened is not None:
+            phases["process_start_s"] = started - opened
+    elif opened is not None:
+        phases["wait_s"] = setup_start_time - opened
+    who = "replacement" if replacement else "survivor, same process"
+    link.record("rejoined", f"rank {ctx.rank} ({who}) joined attempt {ctx.attempt}'s process "
+                "group", replacement=replacement, phases=phases, pid=os.getpid(),
+                ranks=notice.get("ranks"))
+
+
 __all__ = ["PG_KEY", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
-           "rendezvous"]
+           "record_rejoined", "rendezvous"]

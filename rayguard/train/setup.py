@@ -320,7 +320,7 @@ class GuardedTrainFn:
             raise
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
         infos = _setup_infos(link, ctx, by_marks=self.live)
-        live_path = self._form_group(link)
+        live_path = self._form_group(link, setup_start_time, replacement=attempt is None)
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed
@@ -344,7 +344,8 @@ class GuardedTrainFn:
                         setup_start_time=setup_start_time, **live_path)
         return session, hook, bridge
 
-    def _form_group(self, link: RunLink) -> dict[str, Any]:
+    def _form_group(self, link: RunLink, setup_start_time: float, *, replacement: bool
+                    ) -> dict[str, Any]:
         """Live recovery: a replacement, or a survivor that rejoins, has no process group;
         form it with the others (``{"path": "live", ...}`` for the attempt's event)."""
         if not self.live or link.ctx.world_size < 2:
@@ -353,9 +354,12 @@ class GuardedTrainFn:
 
         if dist.is_initialized():
             return {}
-        from rayguard.train.live import rendezvous
+        from rayguard.train.live import record_rejoined, rendezvous
 
+        formed_at = time.time()
         seconds = rendezvous(link, self.guard.health.live_wait_s)
+        record_rejoined(link, replacement=replacement, setup_start_time=setup_start_time,
+                        formed_at=formed_at, rendezvous_s=seconds)
         return {"path": "live", "phases": {"rendezvous_s": seconds}}
 
     def _session(self, link: RunLink, watchdog: Watchdog, store: CheckpointStore,

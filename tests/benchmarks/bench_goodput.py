@@ -15,6 +15,9 @@ preemption SIGTERM to rank 1 at ``--preempt``; each fires once per run) run unde
   injected by ``GuardConfig(faults=...)`` (so the events record the step of each fault);
 - ``paced``: RobustTrainer (sync) whose loop checkpoints when ``should_checkpoint()`` says
   (the Young/Daly interval), not every ``--every`` steps;
+- ``live``, ``live-memory``: RobustTrainer (sync; with the memory tier) with
+  ``GuardConfig(recovery="live")``: a killed rank is replaced alone and rank 0 keeps its
+  process ("rank 0 processes" counts the processes rank 0's steps ran in);
 
 each also without faults (``--no-clean``: not). The benchmark measures each run itself,
 from the loop's own marks (rank 0): productive time is the time of each step done for the
@@ -49,7 +52,7 @@ import tempfile
 import time
 
 MARKS = "marks.jsonl"
-MODES = ("torch", "sync", "async", "memory", "paced")
+MODES = ("torch", "sync", "async", "memory", "paced", "live", "live-memory")
 
 
 def loop(config):
@@ -100,7 +103,8 @@ def loop(config):
         t2 = time.time()
         if rank == 0:
             _mark(out, {"what": "step", "step": step, "start": t0, "end": t2, "work": t1 - t0,
-                        "blocked": (t2 - t1) if save else 0.0, "attempt": attempt})
+                        "blocked": (t2 - t1) if save else 0.0, "attempt": attempt,
+                        "pid": os.getpid()})
 
 
 def _work(model, seconds):
@@ -198,8 +202,9 @@ def measure(marks, wall_s):
         group = before[-1] if before else None
         later = [t for t, a in new_at if t > k["time"] and a != group]
         costs.append((k["kind"], later[0] - k["time"] if later else None))
+    pids = sorted({m["pid"] for m in steps if "pid" in m})
     return {"ettr": productive / wall_s, "productive_s": productive, "wall_s": wall_s,
-            "work_ettr": work / wall_s, "fault_costs_s": costs}
+            "work_ettr": work / wall_s, "fault_costs_s": costs, "rank0_pids": len(pids)}
 
 
 def fault_spec(args):
@@ -233,7 +238,8 @@ def run_once(mode, args, root, *, faults=True, every=None, extra=None):
                                                     failure_config=FailureConfig(max_failures=20)))
     else:
         ckpt = rayguard.CheckpointConfig(
-            mode="async" if mode == "async" else "sync", memory_tier=mode == "memory",
+            mode="async" if mode == "async" else "sync",
+            memory_tier=mode in ("memory", "live-memory"),
             interval=mode == "paced", min_interval_s=args.min_interval_s,
             max_interval_s=600.0, mtbf_s=args.mtbf_s)
         health = rayguard.HealthConfig(stall_timeout_s=args.stall_timeout_s, max_restarts=20)
@@ -241,6 +247,8 @@ def run_once(mode, args, root, *, faults=True, every=None, extra=None):
             loop, train_loop_config=config, scaling_config=scaling,
             run_config=RunConfig(storage_path=root, name=name),
             guard_config=rayguard.GuardConfig(numa="off", progress_interval_s=None,
+                                              recovery="live" if mode.startswith("live")
+                                              else "restart",
                                               checkpoint=ckpt, health=health,
                                               faults=fault_spec(args) if faults else None))
     t0 = time.time()
@@ -271,6 +279,7 @@ def table(rows):
     lines.append(("wall s (fit)", [_cell(rows[n]["wall_s"], "{:.1f}") for n in names]))
     lines.append(("wall s (product)", [_cell(get[n] and get[n].wall_s, "{:.1f}") for n in names]))
     lines.append(("productive s", [_cell(rows[n]["productive_s"], "{:.1f}") for n in names]))
+    lines.append(("rank 0 processes", [str(rows[n]["rank0_pids"]) for n in names]))
     lines.append(("productive s (prod.)",
                   [_cell(get[n] and get[n].productive_s, "{:.1f}") for n in names]))
     kinds = sorted({k for n in names for k, _ in rows[n]["fault_costs_s"]})
