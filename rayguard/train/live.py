@@ -124,9 +124,18 @@ def rendezvous(link: RunLink, wait_s: float) -> float:
             f"its process-group address within {wait_s} s (HealthConfig(live_wait_s)); the "
             "run falls back to a restart of the whole worker group") from exc
     backend, timeout_s = pg_settings()
-    address = f"[{host}]" if ":" in str(host) else str(host)
-    dist.init_process_group(backend=backend, init_method=f"tcp://{address}:{port}",
-                            rank=ctx.rank, world_size=ctx.world_size,
+    try:  # the store's own bound: a peer lost again before it connects ends the wait
+        store = dist.TCPStore(str(host), int(port), ctx.world_size, is_master=ctx.rank == 0,
+                              timeout=datetime.timedelta(seconds=wait_s),
+                              wait_for_workers=True)
+    except Exception as exc:
+        raise WorkerSetupError(
+            f"rank {ctx.rank}: live recovery of attempt {ctx.attempt}: the process group's "
+            f"store at {host}:{port} did not gather all {ctx.world_size} ranks within "
+            f"{wait_s} s (HealthConfig(live_wait_s)): {exc}; the run falls back to a "
+            "restart of the whole worker group") from exc
+    dist.init_process_group(backend=backend, store=store, rank=ctx.rank,
+                            world_size=ctx.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return time.monotonic() - started
 

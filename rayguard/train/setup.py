@@ -96,8 +96,8 @@ def _worker_info(ctx: GuardContext) -> dict[str, Any]:
             "pid": os.getpid()}
 
 
-def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False
-                 ) -> list[dict[str, Any]]:
+def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False,
+                 wait_s: float | None = None) -> list[dict[str, Any]]:
     """Every rank's :func:`_worker_info`. A worker :attr:`~RunLink.alone` (its own replica
     group), or one that Ray may replace alone (``by_marks``: live recovery), leaves its own
     with the coordinator and reads the others' there: a replacement that Ray starts beside
@@ -106,7 +106,7 @@ def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False
     if not (link.alone or by_marks):
         return link.gather("setup", mine)
     link.mark(f"setup:{ctx.attempt}:{ctx.rank}", mine)
-    return [mine if r == ctx.rank else link.wait_for(f"setup:{ctx.attempt}:{r}")
+    return [mine if r == ctx.rank else link.wait_for(f"setup:{ctx.attempt}:{r}", wait_s)
             for r in range(ctx.world_size)]
 
 
@@ -319,7 +319,8 @@ class GuardedTrainFn:
             link.record("preflight_error", str(exc), wait=True)
             raise
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
-        infos = _setup_infos(link, ctx, by_marks=self.live)
+        infos = _setup_infos(link, ctx, by_marks=self.live, wait_s=self.guard.health.live_wait_s
+                             if self.live and ctx.attempt > 0 else None)
         live_path = self._form_group(link, setup_start_time, replacement=attempt is None)
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)

@@ -53,3 +53,36 @@ def test_killed_worker_is_replaced_alone(clean, tmp_path, victim):
     assert len(theirs) == 2 and theirs[0]["pid"] != theirs[1]["pid"], entered
     assert [e["attempt"] for e in mine] == [0, 1] and [e["attempt"] for e in theirs] == [0, 1]
     assert mine[1]["loaded_step"] == theirs[1]["loaded_step"] == 4, entered
+
+
+def test_exception_on_one_rank_replaces_it_alone(clean, tmp_path):
+    weights, events, entered = _fit(tmp_path, "raise", faults="raise:rank=1,step=6",
+                                    memory_tier=True)
+    assert _equal(weights, clean)
+    restart = [e for e in events if e["kind"] == "restart"]
+    assert [e["path"] for e in restart] == ["live"] and restart[0]["ranks"] == [1]
+    died = [e for e in events if e["kind"] == "worker_died"]
+    assert [e["rank"] for e in died] == [1] and died[0]["error_type"].endswith("InjectedFault")
+    loaded = [e for e in events if e["kind"] == "restored" and "tier" in e]
+    assert [(e["attempt"], e["tier"]) for e in loaded] == [(1, "memory")], loaded
+    rank0 = [e for e in entered if e["rank"] == 0]
+    assert len({e["pid"] for e in rank0}) == 1 and len(rank0) == 2
+    rejoined = {e["rank"]: e for e in events if e["kind"] == "rejoined"}
+    assert rejoined[1]["replacement"] and not rejoined[0]["replacement"], rejoined
+    assert {"imports_s", "setup_s", "rendezvous_s"} <= set(rejoined[1]["phases"])
+
+
+def test_second_kill_during_recovery(clean, tmp_path):
+    # The replacement dies again while it loads the state: the survivor, waiting in the
+    # load, is released and rejoins a second replacement.
+    weights, events, entered = _fit(tmp_path, "twice",
+                                    faults="kill:rank=1,step=5;kill:rank=1,at=load,attempt=1")
+    assert _equal(weights, clean)
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("worker_died") == 2 and kinds[-1] == "finished", kinds
+    restarts = [e for e in events if e["kind"] == "restart"]
+    paths = [e.get("path") for e in restarts]
+    assert paths in (["live", "live"], ["live", None]), restarts  # live, or the fallback
+    rank0 = [e for e in entered if e["rank"] == 0]
+    if paths == ["live", "live"]:
+        assert len({e["pid"] for e in rank0}) == 1, entered
