@@ -27,6 +27,11 @@ PEER_LOSS_MARKERS = (
 errors, NCCL's communicator errors, Ray's barrier reset, rayguard's released waits)."""
 
 
+LAST_COMMITTED_KEY = "live:last_committed"
+"""Coordinator key: the path of the run's last committed checkpoint (what
+``ray.train.get_checkpoint()`` answers on every rank of a live attempt)."""
+
+
 def live_key(attempt: int) -> str:
     """The coordinator key of the notice that ``attempt`` lost ranks that Ray replaces."""
     return f"live:{attempt}"
@@ -71,5 +76,5 @@ def plan_rejoin(notice: dict[str, Any] | None, *, rank: int, attempt: int) -> Re
     return RejoinDecision(True, int(notice["attempt"]), replaced)
 
 
-__all__ = ["PEER_LOSS_MARKERS", "RejoinDecision", "live_key", "looks_like_peer_loss", "opened_key",
+__all__ = ["LAST_COMMITTED_KEY", "PEER_LOSS_MARKERS", "RejoinDecision", "live_key", "looks_like_peer_loss", "opened_key",
            "plan_rejoin"]

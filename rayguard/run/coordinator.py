@@ -18,7 +18,7 @@ from rayguard.events.kinds import NOTABLE_KINDS
 from rayguard.failures.taxonomy import is_kill_mark
 from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.health.eviction import RankScore
-from rayguard.health.live import live_key, opened_key
+from rayguard.health.live import LAST_COMMITTED_KEY, live_key, opened_key
 from rayguard.health.quarantine import NodeFailure
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
@@ -74,6 +74,7 @@ class RunCoordinator:
             self._commits[attempt] = self._commits.get(attempt, 0) + 1
             if isinstance(event.get("step"), int):
                 self._commit_steps.append(event["step"])
+            self._store[LAST_COMMITTED_KEY] = event.get("path")
         if event.get("kind") == "restart":
             self._stamp_progress(event)
         if event.get("kind") in NOTABLE_KINDS:

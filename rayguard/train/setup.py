@@ -21,6 +21,7 @@ from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import WorkerSetupError
 from rayguard.faults import Fault, parse_faults
 from rayguard.health.hang import HangProbe, install_counting_hook
+from rayguard.health.live import LAST_COMMITTED_KEY
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
 from rayguard.health.watchdog import Watchdog
 from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
@@ -97,12 +98,13 @@ def _worker_info(ctx: GuardContext) -> dict[str, Any]:
 
 
 def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False,
-                 wait_s: float | None = None) -> list[dict[str, Any]]:
+                 wait_s: float | None = None, started: float | None = None
+                 ) -> list[dict[str, Any]]:
     """Every rank's :func:`_worker_info`. A worker :attr:`~RunLink.alone` (its own replica
     group), or one that Ray may replace alone (``by_marks``: live recovery), leaves its own
     with the coordinator and reads the others' there: a replacement that Ray starts beside
     running peers finds theirs, left when they started (or rejoined)."""
-    mine = _worker_info(ctx)
+    mine = {**_worker_info(ctx), "setup_start_time": started}
     if not (link.alone or by_marks):
         return link.gather("setup", mine)
     link.mark(f"setup:{ctx.attempt}:{ctx.rank}", mine)
@@ -320,8 +322,10 @@ class GuardedTrainFn:
             raise
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
         infos = _setup_infos(link, ctx, by_marks=self.live, wait_s=self.guard.health.live_wait_s
-                             if self.live and ctx.attempt > 0 else None)
+                             if self.live and ctx.attempt > 0 else None, started=setup_start_time)
         live_path = self._form_group(link, setup_start_time, replacement=attempt is None)
+        if live_path:  # the attempt's set-up began with its last rank's (the replacement's)
+            setup_start_time = max(i.get("setup_start_time") or setup_start_time for i in infos)
         _bind_numa(ctx, self.guard, infos)
         _pin_cuda(ctx, infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed
@@ -339,6 +343,8 @@ class GuardedTrainFn:
         set_current_session(session)
         bridge = ray_report.install(ray_report.RayReportBridge(  # every ray.train.report
             session, link, session.forwarder, session.checkpointer.collective, store, inner))
+        if live_path:  # get_checkpoint(): the run's last commit, the same on every rank
+            bridge.rolled_back(link.get(LAST_COMMITTED_KEY))
         if ctx.rank == 0:
             link.record("attempt_started", f"attempt {ctx.attempt} started with "
                         f"{ctx.world_size} worker(s)", world_size=ctx.world_size,

@@ -53,6 +53,8 @@ def test_killed_worker_is_replaced_alone(clean, tmp_path, victim):
     assert len(theirs) == 2 and theirs[0]["pid"] != theirs[1]["pid"], entered
     assert [e["attempt"] for e in mine] == [0, 1] and [e["attempt"] for e in theirs] == [0, 1]
     assert mine[1]["loaded_step"] == theirs[1]["loaded_step"] == 4, entered
+    # ray.train.get_checkpoint(): the run's last commit on both
+    assert mine[1]["ray_checkpoint"] == theirs[1]["ray_checkpoint"] == "checkpoint_000000004_a0"
 
 
 def test_exception_on_one_rank_replaces_it_alone(clean, tmp_path):

@@ -346,3 +346,16 @@ def test_a_verified_state_the_loop_cannot_use_is_rejected_after_the_repeat(ray_l
     rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
     assert len(rejected) == 1 and "cannot load it" in rejected[0]["detail"], rejected
     assert (marker / "resumed-0-2").exists()
+
+
+def test_live_recovery_of_a_ray_report_loop(ray_local, tmp_path):
+    # GuardConfig(recovery="live"): rank 1 is replaced alone; rank 0 keeps its process and
+    # re-enters the loop, where ray.train.get_checkpoint() answers the run's last commit.
+    trainer, marker = _run(tmp_path, "live", rayguard.GuardConfig(recovery="live"), kill_at=6)
+    result = trainer.fit()
+    assert result.error is None
+    assert (marker / "resumed-1-6").exists() and (marker / "resumed-0-6").exists()
+    assert _final(marker) == [expected_weights()] * 2
+    events = read_events(trainer.run_dir)
+    assert [e.get("path") for e in events if e["kind"] == "restart"] == ["live"]
+    assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1]
