@@ -72,22 +72,11 @@ def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | No
     return decision.attempt
 
 
-def leave_group() -> None:
-    """Leave the default process group (NCCL: its communicators are aborted first, so that
-    no kernel waits on the lost peer)."""
-    import torch.distributed as dist
+def leave_group() -> str:
+    """Leave the default process group (:func:`rayguard._torch.groups.leave_default_group`)."""
+    from rayguard._torch.groups import leave_default_group
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        if "nccl" in str(dist.get_backend()):
-            abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-            if abort is not None:
-                abort()
-                return
-        dist.destroy_process_group()
-    except Exception as exc:  # a broken group is what we leave; never fail for it
-        logger.debug("rayguard: leaving the process group: %s", exc)
+    return leave_default_group()
 
 
 def pg_settings() -> tuple[str, int]:

@@ -88,3 +88,21 @@ def test_second_kill_during_recovery(clean, tmp_path):
     rank0 = [e for e in entered if e["rank"] == 0]
     if paths == ["live", "live"]:
         assert len({e["pid"] for e in rank0}) == 1, entered
+
+
+def test_hang_with_the_gil_released(clean, tmp_path):
+    # Rank 1 sleeps in its step (the GIL released): the hang diagnosis names it, its
+    # watchdog ends it, and it alone is replaced; rank 0, waiting in the all-reduce, rejoins.
+    health = rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120)
+    out, log = str(tmp_path / "hang.pt"), str(tmp_path / "hang.jsonl")
+    guard = rayguard.GuardConfig(seed=0, faults="hang:rank=1,step=5", numa="off",
+                                 recovery="live", health=health)
+    result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out, "log": log},
+                          guard=guard, name="hang").fit()
+    events = read_events(result.path)
+    assert _equal(torch.load(out, weights_only=True), clean)
+    restarts = [e.get("path") for e in events if e["kind"] == "restart"]
+    assert restarts == ["live"], restarts
+    stalled = [e["rank"] for e in events if e["kind"] == "stall_detected"]
+    assert stalled == [1], stalled
+    assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1]

@@ -1,0 +1,124 @@
+"""Live recovery's pure decisions, its coordinator notice, the report forwarding's hold, and
+the trainer's choice of the live backend (no Ray cluster)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rayguard.exceptions import ConfigError, PeersLostError
+from rayguard.health.config import HealthConfig
+from rayguard.health.live import (
+    LAST_COMMITTED_KEY,
+    live_key,
+    looks_like_peer_loss,
+    opened_key,
+    plan_rejoin,
+)
+from rayguard.run.coordinator import RunCoordinator
+from rayguard.train.forwarder import Forwarder
+
+GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:33664. This is typically caused by a remote worker crashing.")
+
+
+def test_a_peer_loss_is_told_from_a_ranks_own_bug():
+    assert looks_like_peer_loss("RuntimeError", GLOO)
+    assert looks_like_peer_loss("DistBackendError", "NCCL communicator was aborted")
+    assert looks_like_peer_loss("PeersLostError", str(PeersLostError("rank 0: peers lost")))
+    assert not looks_like_peer_loss("ValueError", "my bug at this step")
+    assert not looks_like_peer_loss("InjectedFault", "injected fault raise:rank=1 on rank 1")
+
+
+def test_a_survivor_rejoins_only_with_a_notice_that_spares_it():
+    assert not plan_rejoin(None, rank=0, attempt=3).rejoin
+    assert "own" in plan_rejoin(None, rank=0, attempt=3).reason
+    mine = plan_rejoin({"attempt": 4, "ranks": [0]}, rank=0, attempt=3)
+    assert not mine.rejoin and "itself" in mine.reason
+    go = plan_rejoin({"attempt": 4, "ranks": [1, 2]}, rank=0, attempt=3)
+    assert go.rejoin and go.attempt == 4 and go.replaced == (1, 2)
+
+
+def test_live_wait_s_is_validated():
+    assert HealthConfig(live_wait_s=5).live_wait_s == 5
+    for bad in (0, -1, float("inf"), True, "30", 4000):
+        with pytest.raises(ConfigError, match="live_wait_s"):
+            HealthConfig(live_wait_s=bad)
+
+
+def test_opening_a_live_recovery_releases_the_lost_attempts_waits(tmp_path):
+    c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    c.new_attempt()
+    out: dict[str, object] = {}
+    waiter = threading.Thread(target=lambda: out.update(v=c.gather("a0:flags3", 0, 2, 1)))
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive()  # rank 1 never comes: rank 0 waits
+    later = c.gather  # a gather of the next attempt is not released
+    new = c.open_live(0, [1], "rank 1 replaced")
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and out["v"] is None
+    assert new == 1 and c.attempt() == 1
+    notice = c.get(live_key(0))
+    assert notice == c.get(opened_key(1)) and notice["ranks"] == [1] and notice["attempt"] == 1
+    other: dict[str, object] = {}
+    t = threading.Thread(target=lambda: other.update(v=later("a1:flags1", 0, 2, 1, 0.3)))
+    t.start()
+    t.join(timeout=10)
+    assert other["v"] is None  # timed out (0.3 s), not released: a1 lost nothing
+
+
+def test_the_last_committed_checkpoint_is_kept_for_a_live_attempt(tmp_path):
+    c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    c.new_attempt()
+    for step in (4, 9):
+        c.record({"kind": "checkpoint_committed", "step": step, "path": f"/r/ckpt{step}",
+                  "time": time.time(), "detail": "x"})
+    assert c.get(LAST_COMMITTED_KEY) == "/r/ckpt9"
+
+
+def test_a_held_forwarder_starts_nothing_and_drops_its_queue_when_abandoned():
+    f = Forwarder()
+    ran: list[int] = []
+    f.hold()
+    futures = [f.submit(ran.append, i) for i in range(3)]
+    time.sleep(0.2)
+    assert ran == []
+    assert f.abandon(timeout_s=5)
+    assert ran == [] and all(fut.cancelled() for fut in futures)
+
+
+def test_a_resumed_forwarder_forwards_what_it_held():
+    f = Forwarder()
+    ran: list[int] = []
+    f.hold()
+    f.submit(ran.append, 1)
+    f.resume()
+    f.flush(timeout_s=5)
+    assert ran == [1]
+    f.close(timeout_s=5)
+
+
+def test_the_live_backend_is_chosen_only_where_a_worker_can_be_replaced_alone():
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchConfig
+
+    import rayguard
+    from rayguard._ray.live_backend import LiveTorchConfig, apply_live
+
+    live = rayguard.GuardConfig(recovery="live")
+    kwargs = {"scaling_config": ScalingConfig(num_workers=2),
+              "torch_config": TorchConfig(backend="gloo", timeout_s=77)}
+    assert apply_live(live, kwargs)
+    config = kwargs["torch_config"]
+    assert isinstance(config, LiveTorchConfig) and config.backend == "gloo"
+    assert config.timeout_s == 77 and config.backend_cls.has_replica_groups
+    assert not apply_live(rayguard.GuardConfig(), {"scaling_config": ScalingConfig(num_workers=2)})
+    for kwargs in ({"scaling_config": ScalingConfig(num_workers=1)},
+                   {"scaling_config": ScalingConfig(num_workers=(1, 2))},
+                   {"scaling_config": ScalingConfig(num_workers=2),
+                    "torch_config": LiveTorchConfig()}):
+        before = dict(kwargs)
+        assert not apply_live(live, kwargs) and kwargs == before
