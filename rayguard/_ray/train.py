@@ -125,6 +125,15 @@ def group_nodes(worker_group: Any) -> list[str]:
     return [w.metadata.node_id for w in worker_group.get_workers()]
 
 
+def fail_every_worker(worker_group_status: Any, error: BaseException) -> None:
+    """Mark every worker of a poll (``after_worker_group_poll_status``; the controller acts
+    on this same object) that has not failed as failed with ``error``: Ray's controller then
+    restarts the whole group instead of replacing the failed replica groups alone."""
+    for status in worker_group_status.worker_statuses.values():
+        if status.error is None:
+            status.error = error
+
+
 def group_label_selector(worker_group_context: Any) -> tuple[list[dict[str, str]] | None, int]:
     """``(label_selector, num_workers)`` of the group about to start
     (``before_worker_group_start``)."""

@@ -10,6 +10,7 @@ from rayguard._ray.core import alive_node_resources
 from rayguard._ray.train import (
     ControllerCallback,
     WorkerGroupCallback,
+    fail_every_worker,
     group_label_selector,
     group_nodes,
     set_group_label_selector,
@@ -56,6 +57,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._nodes: list[str] = []  # the node of each rank of the running group
         self._failed: set[int] = set()  # the ranks failed at the last poll
         self._world = 0  # the ranks the last poll saw
+        self._fallback: str | None = None  # why a live recovery restarts the whole group
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         """Runs in the controller before each worker group starts: a new attempt, placed off
@@ -74,7 +76,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         """Runs in the controller once the group's workers exist: each rank's node."""
-        if self.fence is not None:
+        if self.fence is not None or self.live:
             self._nodes = group_nodes(worker_group)
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
@@ -115,6 +117,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
                 counted.append(NodeFailure(node, self._attempt, reason, rank, failure.reason))
         if counted:
             self._count(counted)
+        self._fallback = None
+        if self.live and self._failed and len(self._failed) < self._world:
+            self._fallback = self._node_lost(worker_group_status)
 
     def _count(self, failures: list[NodeFailure]) -> None:
         """Count node failures before the failure decision, so that the next group's
@@ -135,7 +140,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         decision = getattr(failure_decision, "value", str(failure_decision))
         if decision != "RETRY":
             return
-        if self.replica_groups and self._failed and len(self._failed) < self._world:
+        if (self.replica_groups and self._failed and len(self._failed) < self._world
+                and self._fallback is None):
             ranks = sorted(self._failed)  # Ray's controller replaces only these
             if self.live:
                 self._open_live(ranks)
@@ -145,9 +151,11 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
                 "replica-group restart); the other workers keep their processes",
                 attempt=self._attempt, path="replica_group", ranks=ranks))
             return
+        fallback: dict[str, Any] = {"fallback": self._fallback} if self._fallback else {}
         self.coordinator.record.remote(make_event(
-            "restart", f"worker group restarts after attempt {self._attempt}",
-            attempt=self._attempt))
+            "restart", f"worker group restarts after attempt {self._attempt}"
+            + (f" ({self._fallback})" if self._fallback else ""), attempt=self._attempt,
+            **fallback))
 
     def _open_live(self, ranks: list[int]) -> None:
         """Live recovery: the next attempt opens before Ray starts the replacement (which
@@ -162,3 +170,22 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self.coordinator.record.remote(make_event(
             "restart", f"{detail} in attempt {self._attempt}", attempt=old, path="live",
             ranks=ranks, next_attempt=self._attempt))
+
+    def _node_lost(self, worker_group_status: Any) -> str | None:
+        """Live recovery's fallback: when a failed rank's node is gone, Ray's replacement
+        would wait without end for the placement-group bundle on it, so every worker is
+        marked failed and the whole group restarts (placed anew). Returns why, or ``None``."""
+        try:
+            alive = set(alive_node_resources())
+        except Exception:
+            return None
+        lost = sorted({self._nodes[r] for r in self._failed
+                       if r < len(self._nodes) and self._nodes[r] not in alive})
+        if not lost:
+            return None
+        reason = (f"live recovery falls back to a restart of the whole group: node(s) "
+                  f"{', '.join(n[:12] for n in lost)} of rank(s) {sorted(self._failed)} lost")
+        from rayguard.exceptions import PeersLostError
+
+        fail_every_worker(worker_group_status, PeersLostError(reason))
+        return reason

@@ -34,6 +34,7 @@ def exact_loop(config: dict[str, Any]) -> None:
     ctx = rayguard.train.get_context()
     rctx = ray.train.get_context()
     entered = {"rank": ctx.rank, "pid": os.getpid(), "ctx": id(ctx), "attempt": ctx.attempt,
+               "node": ctx.node_id,
                "ray_ctx": [rctx.get_world_rank(), rctx.get_world_size(), rctx.get_local_rank(),
                            rctx.get_experiment_name(), rctx.get_storage().experiment_fs_path]}
     torch.manual_seed(0)
