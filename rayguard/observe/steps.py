@@ -35,6 +35,13 @@ class StepTimer:
         self._begin_time: float | None = None
         self._reset()
 
+    def end_attempt(self) -> dict[str, Any] | None:
+        """The summary of the attempt that ends in this process (an in-place rollback): its
+        steps are its own, and the next attempt's first report starts afresh."""
+        summary = self.take()
+        self._last_report = self._last_sent = None
+        return summary
+
     def begin(self) -> None:
         """The loop got its state back (``load_state`` returned): its first step begins no
         earlier than now. Sent as ``begin_time`` with the summary of the first report, so

@@ -102,6 +102,7 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
                     f"training function in its own process (attempt {attempt})",
                     step=rollback.step, path="in_place",
                     phases={"agree_s": agreed - rollback.seen_at, "settle_s": agreed - started})
+    session.end_attempt_steps()  # the steps so far are the old attempt's (goodput)
     ctx.attempt = attempt
     session.injector.attempt = attempt
     bridge.rolled_back(path)

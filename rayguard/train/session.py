@@ -170,6 +170,11 @@ class WorkerSession:
         if forward:
             self.forwarding.forward(self._last_metrics or {}, path)
 
+    def end_attempt_steps(self) -> None:
+        """Send the step summary of the attempt that ends in this process (an in-place
+        rollback, a survivor's live rejoin), under that attempt."""
+        self._send_summary(self.timer.end_attempt())
+
     def settle(self) -> None:
         """The function raised: the checkpoint in flight gets a bounded chance to commit."""
         self.checkpointer.settle()

@@ -280,6 +280,7 @@ class GuardedTrainFn:
         attempt = rejoin_attempt(session.link, exc, wait_s)
         if attempt is None:
             return None
+        session.end_attempt_steps()
         if not session.forwarder.abandon(wait_s):  # Ray's barrier reset releases it
             raise WorkerSetupError(
                 f"rank {session.ctx.rank}: live recovery: a report of attempt "

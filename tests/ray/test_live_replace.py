@@ -53,6 +53,9 @@ def test_killed_worker_is_replaced_alone(clean, tmp_path, victim):
     assert len(theirs) == 2 and theirs[0]["pid"] != theirs[1]["pid"], entered
     assert [e["attempt"] for e in mine] == [0, 1] and [e["attempt"] for e in theirs] == [0, 1]
     assert mine[1]["loaded_step"] == theirs[1]["loaded_step"] == 4, entered
+    from rayguard.observe.goodput import goodput
+
+    assert goodput(events).replayed_steps <= 1  # at most step 5, the one the kill cut short
     # ray.train.get_checkpoint(): the run's last commit on both
     assert mine[1]["ray_checkpoint"] == theirs[1]["ray_checkpoint"] == "checkpoint_000000004_a0"
 

@@ -100,6 +100,9 @@ def test_nan_rolls_back_in_place_exactly(clean, tmp_path, mode, memory_tier):
     assert nan["step"] == 4 and nan["path"] == "in_place"
     restored = [e for e in events if e["kind"] == "restored"]
     assert restored[-1]["step"] == 3 and restored[-1]["attempt"] == 1
+    from rayguard.observe.goodput import goodput
+
+    assert goodput(events).replayed_steps == 1  # step 4 only, done again from step 3
     if memory_tier:
         assert restored[-1]["tier"] == "memory", restored[-1]
     started = [e for e in events if e["kind"] == "attempt_started"]
