@@ -20,12 +20,15 @@ COLLATERAL_PATTERNS = (
     "connection reset by peer", "connection closed by peer", "broken pipe",
     "gloo/transport", "nccl error", "ncclremoteerror", "ncclsystemerror",
     "socket timeout", "connection refused", "watchdog caught collective",
+    "peers lost", "synchronization barrier was reset",
 )
 """Lower-case fragments of an error that follows a peer's death rather than a bug of its own
 rank (the gloo and NCCL messages of a collective whose peer went away)."""
 
-COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError")
-"""torch.distributed's error types for a broken process group."""
+COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "PeersLostError",
+                    "SynchronizationBarrierResetError")
+"""torch.distributed's error types for a broken process group, rayguard's released wait
+(live recovery) and Ray's reset barrier."""
 
 
 def text_cause(text: str) -> str:

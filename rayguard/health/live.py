@@ -18,14 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-PEER_LOSS_MARKERS = (
-    "connection closed by peer", "connection reset by peer", "broken pipe",
-    "connection refused", "gloo", "nccl", "processgroup", "process group",
-    "peers lost", "socket", "synchronization barrier was reset", "end of file",
-)
-"""Lower-case fragments of the errors a survivor sees when a peer dies (gloo's connection
-errors, NCCL's communicator errors, Ray's barrier reset, rayguard's released waits)."""
-
+from rayguard.failures.patterns import reads_as_collateral
 
 LAST_COMMITTED_KEY = "live:last_committed"
 """Coordinator key: the path of the run's last committed checkpoint (what
@@ -44,12 +37,9 @@ def opened_key(attempt: int) -> str:
 
 def looks_like_peer_loss(error_type: str, message: str) -> bool:
     """Whether an error may be a peer's loss seen from a survivor (then the survivor waits
-    for the notice) rather than this rank's own bug (then it raises at once)."""
-    if error_type in ("PeersLostError", "DistBackendError", "DistNetworkError",
-                      "DistStoreError", "SynchronizationBarrierResetError"):
-        return True
-    text = message.lower()
-    return any(marker in text for marker in PEER_LOSS_MARKERS)
+    for the notice) rather than this rank's own bug (then it raises at once): the one list
+    of such errors, :func:`rayguard.failures.patterns.reads_as_collateral`."""
+    return reads_as_collateral(error_type, message)
 
 
 @dataclass(frozen=True)
@@ -76,5 +66,5 @@ def plan_rejoin(notice: dict[str, Any] | None, *, rank: int, attempt: int) -> Re
     return RejoinDecision(True, int(notice["attempt"]), replaced)
 
 
-__all__ = ["LAST_COMMITTED_KEY", "PEER_LOSS_MARKERS", "RejoinDecision", "live_key", "looks_like_peer_loss", "opened_key",
+__all__ = ["LAST_COMMITTED_KEY", "RejoinDecision", "live_key", "looks_like_peer_loss", "opened_key",
            "plan_rejoin"]

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from rayguard.constants import LIVE_PG_ENV_VAR
-from rayguard.exceptions import WorkerSetupError
+from rayguard.exceptions import PeersLostError
 from rayguard.health.live import live_key, looks_like_peer_loss, opened_key, plan_rejoin
 from rayguard.run.link import RunLink
 
@@ -108,7 +108,7 @@ def rendezvous(link: RunLink, wait_s: float) -> float:
     try:
         host, port = link.wait_for(key, timeout_s=wait_s)
     except Exception as exc:
-        raise WorkerSetupError(
+        raise PeersLostError(
             f"rank {ctx.rank}: live recovery of attempt {ctx.attempt}: rank 0 never published "
             f"its process-group address within {wait_s} s (HealthConfig(live_wait_s)); the "
             "run falls back to a restart of the whole worker group") from exc
@@ -118,7 +118,7 @@ def rendezvous(link: RunLink, wait_s: float) -> float:
                               timeout=datetime.timedelta(seconds=wait_s),
                               wait_for_workers=True)
     except Exception as exc:
-        raise WorkerSetupError(
+        raise PeersLostError(
             f"rank {ctx.rank}: live recovery of attempt {ctx.attempt}: the process group's "
             f"store at {host}:{port} did not gather all {ctx.world_size} ranks within "
             f"{wait_s} s (HealthConfig(live_wait_s)): {exc}; the run falls back to a "

@@ -18,7 +18,7 @@ from typing import Any
 
 from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
-from rayguard.exceptions import WorkerSetupError
+from rayguard.exceptions import PeersLostError, WorkerSetupError
 from rayguard.faults import Fault, parse_faults
 from rayguard.health.hang import HangProbe, install_counting_hook
 from rayguard.health.live import LAST_COMMITTED_KEY
@@ -282,7 +282,7 @@ class GuardedTrainFn:
             return None
         session.end_attempt_steps()
         if not session.forwarder.abandon(wait_s):  # Ray's barrier reset releases it
-            raise WorkerSetupError(
+            raise PeersLostError(
                 f"rank {session.ctx.rank}: live recovery: a report of attempt "
                 f"{session.ctx.attempt} still waits in ray.train.report after {wait_s} s "
                 "(HealthConfig(live_wait_s)); this rank is replaced too") from exc
