@@ -9,9 +9,7 @@ events are logged only, a gather returns this rank's value, a claim is always wo
 is never there. No worker part checks for a missing coordinator itself.
 
 A wait for peers counts as progress: a link built with :meth:`RunLink.feeding` calls the
-watchdog's heartbeat while it waits (:meth:`RunLink.quiet`: a background thread's link,
-whose waits are not the loop's progress).
-"""
+watchdog's heartbeat while it waits (:meth:`RunLink.quiet`: a background thread's)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ logger = logging.getLogger("rayguard")
 
 @dataclass(frozen=True)
 class LinkTimeouts:
-    """How long a worker waits for the coordinator, by kind of call (seconds; ``None``: as
-    long as it takes)."""
+    """How long a worker waits for the coordinator, by kind of call (s; ``None``: no end)."""
 
     ack_s: float = 10.0
     """A fact or event that must arrive before this worker may go (marks, failure records,
@@ -279,7 +276,10 @@ class RunLink:
         """A non-blocking watch of whether this attempt's diagnosis is open."""
         from rayguard.run.diagnosis import open_key
 
-        return FactPoll(self.actor, open_key(self.ctx.attempt))
+        return self.fact_poll(open_key(self.ctx.attempt))
+
+    def fact_poll(self, key: str) -> FactPoll:  # a non-blocking watch of the fact ``key``
+        return FactPoll(self.actor, key)
 
     # -- the memory tier's registry (rayguard.train.memory_tier) -----------------------------
     def memory_keeper(self, node_id: str) -> Any:
@@ -371,7 +371,7 @@ class NullLink(RunLink):
     def await_diagnosis(self, timeout_s: float) -> dict[str, Any] | None:
         return None
 
-    def diagnosis_poll(self) -> FactPoll:
+    def fact_poll(self, key: str) -> FactPoll:
         return FactPoll(None, "")
 
     def memory_keeper(self, node_id: str) -> Any:

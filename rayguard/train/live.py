@@ -72,6 +72,36 @@ def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | No
     return decision.attempt
 
 
+class LiveWatch:
+    """A survivor's watchdog tick (live recovery, NCCL): once the run says a peer of this
+    attempt was lost, abort the process group from the watchdog's thread, so that a
+    collective the training thread is blocked in raises (a gloo collective errors out by
+    itself when the peer's connection closes, and gloo cannot be aborted). The notice is
+    read without blocking, at most once a second (:class:`rayguard.run.poll.FactPoll`)."""
+
+    def __init__(self, link: RunLink, abort: Any = None) -> None:
+        self._poll = link.fact_poll(live_key(link.ctx.attempt))
+        self._abort = abort if abort is not None else _abort_nccl
+        self.aborted = False
+
+    def tick(self) -> None:
+        if self.aborted:
+            return
+        try:
+            if self._poll.value() is not None:
+                self.aborted = True
+                self._abort()
+        except Exception as exc:  # never stop the watchdog
+            logger.debug("rayguard: live recovery could not abort the group: %s", exc)
+
+
+def _abort_nccl() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        leave_group()
+
+
 def leave_group() -> str:
     """Leave the default process group (:func:`rayguard._torch.groups.leave_default_group`)."""
     from rayguard._torch.groups import leave_default_group
@@ -166,5 +196,5 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                 ranks=notice.get("ranks"))
 
 
-__all__ = ["PG_KEY", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
+__all__ = ["LiveWatch", "PG_KEY", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]

@@ -178,8 +178,8 @@ class _LastStep:
         return -1 if self.session is None else self.session.last_step
 
 
-def start_watch(link: RunLink, guard: GuardConfig, store: CheckpointStore
-                ) -> tuple[RunLink, Watchdog, _LastStep, HangProbe]:
+def start_watch(link: RunLink, guard: GuardConfig, store: CheckpointStore, *,
+                live: bool = False) -> tuple[RunLink, Watchdog, _LastStep, HangProbe]:
     """The watchdog of this worker, with its stall responder and hang probe (built in the
     training thread: its top frame goes in a diagnosis), and the loop's link (whose waits
     feed it)."""
@@ -187,8 +187,17 @@ def start_watch(link: RunLink, guard: GuardConfig, store: CheckpointStore
     local = store.fs is None
     probe = HangProbe(link, dump=lambda: dump_stacks(link.ctx, local_run_dir=local),
                       wait_s=guard.health.diagnosis_wait_s)
+    tick = probe.tick
+    if live and link.ctx.world_size > 1:  # NCCL: a lost peer's notice aborts the group
+        from rayguard.train.live import LiveWatch
+
+        watch = LiveWatch(link)
+
+        def tick() -> None:
+            probe.tick()
+            watch.tick()
     watchdog = Watchdog(guard.health, on_stall=StallResponder(
-        link, last_step=last_step, local_run_dir=local, probe=probe), on_tick=probe.tick)
+        link, last_step=last_step, local_run_dir=local, probe=probe), on_tick=tick)
     return link.feeding(watchdog.heartbeat), watchdog, last_step, probe
 
 
@@ -313,7 +322,8 @@ class GuardedTrainFn:
                                                      os.environ.get(FAULTS_ENV_VAR)])))
         store = _store(ctx.run_dir)
         link, watchdog, last_step, probe = start_watch(
-            make_link(ctx, self.coordinator, alone=self.replica_groups), self.guard, store)
+            make_link(ctx, self.coordinator, alone=self.replica_groups), self.guard, store,
+            live=self.live)
         watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
         hook = watch_optimizer_steps(watchdog.heartbeat)
         try:

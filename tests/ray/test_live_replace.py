@@ -15,12 +15,13 @@ from rayguard.testing.recorder import make_trainer
 STEPS = 10
 
 
-def _fit(tmp_path, name, faults=None, recovery="live", memory_tier=False, **run_kwargs):
+def _fit(tmp_path, name, faults=None, recovery="live", memory_tier=False, num_workers=2,
+         **run_kwargs):
     out, log = str(tmp_path / f"{name}.pt"), str(tmp_path / f"{name}.jsonl")
     guard = rayguard.GuardConfig(seed=0, faults=faults, numa="off", recovery=recovery,
                                  checkpoint=rayguard.CheckpointConfig(memory_tier=memory_tier))
     result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out, "log": log},
-                          guard=guard, name=name, **run_kwargs).fit()
+                          guard=guard, name=name, num_workers=num_workers, **run_kwargs).fit()
     return torch.load(out, weights_only=True), read_events(result.path), read_lines(log)
 
 
@@ -109,3 +110,20 @@ def test_hang_with_the_gil_released(clean, tmp_path):
     stalled = [e["rank"] for e in events if e["kind"] == "stall_detected"]
     assert stalled == [1], stalled
     assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1]
+
+
+def test_the_middle_rank_of_three_is_replaced_alone(ray_local_module, tmp_path):
+    from ray.train import FailureConfig
+
+    clean, _, _ = _fit(tmp_path, "clean3", num_workers=3)
+    weights, events, entered = _fit(tmp_path, "kill3", faults="kill:rank=1,step=3",
+                                    num_workers=3,
+                                    failure_config=FailureConfig(max_failures=2,
+                                                                 controller_failure_limit=0))
+    assert _equal(weights, clean)
+    restart = [e for e in events if e["kind"] == "restart"]
+    assert [(e["path"], e["ranks"]) for e in restart] == [("live", [1])], restart
+    for rank in (0, 2):  # both survivors kept their processes
+        mine = [e for e in entered if e["rank"] == rank]
+        assert len(mine) == 2 and mine[0]["pid"] == mine[1]["pid"], entered
+    assert {e["rank"] for e in events if e["kind"] == "rejoined"} == {0, 1, 2}

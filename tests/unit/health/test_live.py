@@ -122,3 +122,41 @@ def test_the_live_backend_is_chosen_only_where_a_worker_can_be_replaced_alone():
                     "torch_config": LiveTorchConfig()}):
         before = dict(kwargs)
         assert not apply_live(live, kwargs) and kwargs == before
+
+
+class _Poll:
+    def __init__(self):
+        self.fact = None
+        self.asked = 0
+
+    def value(self):
+        self.asked += 1
+        return self.fact
+
+
+class _Link:
+    class ctx:
+        attempt = 3
+
+    def __init__(self):
+        self.poll = _Poll()
+        self.keys = []
+
+    def fact_poll(self, key):
+        self.keys.append(key)
+        return self.poll
+
+
+def test_the_live_watch_aborts_the_group_once_a_peer_is_reported_lost():
+    from rayguard.train.live import LiveWatch
+
+    link, aborted = _Link(), []
+    watch = LiveWatch(link, abort=lambda: aborted.append(1))
+    assert link.keys == [live_key(3)]
+    watch.tick()
+    watch.tick()
+    assert aborted == []  # no notice yet
+    link.poll.fact = {"attempt": 4, "ranks": [1]}
+    watch.tick()
+    watch.tick()
+    assert aborted == [1] and watch.aborted  # once
