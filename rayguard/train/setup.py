@@ -24,7 +24,6 @@ from rayguard.health.hang import HangProbe, install_counting_hook
 from rayguard.health.live import LAST_COMMITTED_KEY
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
 from rayguard.health.watchdog import Watchdog
-from rayguard.placement.cuda import PinnedWorker, check_unique_devices, resolve_cuda_device
 from rayguard.run.link import RunLink, make_link, read_attempt
 from rayguard.train import ray_report
 from rayguard.train.agreement import Agreement, LocalAgreement, make_agreement
@@ -35,6 +34,7 @@ from rayguard.train.forwarder import Forwarder
 from rayguard.train.forwarding import ReportForwarding, ray_own_report
 from rayguard.train.memory_tier import MemoryTier
 from rayguard.train.pacing import pacing_for
+from rayguard.train.pinning import bind_numa, pin_cuda
 from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
 from rayguard.train.rollback import RollBack, re_enter
 from rayguard.train.seeding import rank_seed, seed_everything
@@ -112,25 +112,6 @@ def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False,
             for r in range(ctx.world_size)]
 
 
-def _pin_cuda(ctx: GuardContext, infos: list[dict[str, Any]]) -> None:
-    import torch
-
-    me = infos[ctx.rank]
-    ctx.gpu_ids = tuple(me["gpu_ids"])
-    check_unique_devices([PinnedWorker(i["rank"], i["node_id"], tuple(i["gpu_ids"]),
-                                       i["fractional_gpu"]) for i in infos])
-    if not ctx.gpu_ids:
-        return
-    if not torch.cuda.is_available():
-        logger.warning("rank %s: Ray assigned GPUs %s but torch sees no CUDA device; running on "
-                       "CPU (logical GPUs).", ctx.rank, list(ctx.gpu_ids))
-        return
-    placement = resolve_cuda_device(ctx.gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"),
-                                    torch.cuda.device_count(), rank=ctx.rank, node=ctx.node_id)
-    torch.cuda.set_device(placement.ordinal)
-    ctx.device = torch.device(placement.device)
-
-
 def _preflight(ctx: GuardContext, guard: GuardConfig) -> None:
     if not guard.preflight:
         return
@@ -138,18 +119,6 @@ def _preflight(ctx: GuardContext, guard: GuardConfig) -> None:
 
     findings = worker_preflight(dict(os.environ), local_world_size=ctx.local_world_size)
     raise_on_errors(findings, rank=ctx.rank, node=ctx.node_id)
-
-
-def _bind_numa(ctx: GuardContext, guard: GuardConfig, infos: list[dict[str, Any]]) -> None:
-    if guard.numa == "off":
-        return
-    from rayguard.placement.binding import setup_numa
-
-    peers = [{"local_rank": i["local_rank"], "gpu_ids": i["gpu_ids"], "num_cpus": i["num_cpus"]}
-             for i in infos if i["node_id"] == ctx.node_id]
-    result = setup_numa(guard.numa, ctx.local_rank, peers)
-    ctx.numa_node = result.numa_node
-    ctx.cpu_affinity = tuple(result.cpu_affinity)
 
 
 def register_serializers(guard: GuardConfig) -> None:
@@ -337,8 +306,8 @@ class GuardedTrainFn:
         live_path = self._form_group(link, setup_start_time, replacement=attempt is None)
         if live_path:  # the attempt's set-up began with its last rank's (the replacement's)
             setup_start_time = max(i.get("setup_start_time") or setup_start_time for i in infos)
-        _bind_numa(ctx, self.guard, infos)
-        _pin_cuda(ctx, infos)
+        bind_numa(ctx, self.guard, infos)
+        pin_cuda(ctx, infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed
         if ctx.world_size > 1:
             install_counting_hook()  # only where torch's Flight Recorder records nothing
