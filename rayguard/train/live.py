@@ -123,13 +123,17 @@ def _free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def rendezvous(link: RunLink, wait_s: float) -> float:
+def rendezvous(link: RunLink, wait_s: float) -> dict[str, float]:
     """Form the default process group of this attempt with its peers (the survivors and the
-    replacement). Returns the seconds it took."""
+    replacement). Returns its phases: ``rendezvous_s`` in all, of which ``store_s`` (the
+    address and every rank at the store) and ``pg_init_s`` (the group; on a GPU the
+    communicator is made at once, so the NCCL set-up is in it); on a GPU also
+    ``cuda_init_s`` before it (this process's CUDA context)."""
     import ray
     import torch.distributed as dist
 
     ctx = link.ctx
+    phases = _cuda_init(ctx.device)
     started = time.monotonic()
     key = PG_KEY.format(attempt=ctx.attempt)
     if ctx.rank == 0:
@@ -153,10 +157,27 @@ def rendezvous(link: RunLink, wait_s: float) -> float:
             f"store at {host}:{port} did not gather all {ctx.world_size} ranks within "
             f"{wait_s} s (HealthConfig(live_wait_s)): {exc}; the run falls back to a "
             "restart of the whole worker group") from exc
+    stored = time.monotonic()
+    cuda = getattr(ctx.device, "type", "cpu") == "cuda"
     dist.init_process_group(backend=backend, store=store, rank=ctx.rank,
                             world_size=ctx.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    return time.monotonic() - started
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            **({"device_id": ctx.device} if cuda else {}))
+    done = time.monotonic()
+    return {**phases, "store_s": stored - started, "pg_init_s": done - stored,
+            "rendezvous_s": done - started}
+
+
+def _cuda_init(device: Any) -> dict[str, float]:
+    """This process's CUDA context, made and timed (``{}`` off a GPU)."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return {}
+    import torch
+
+    started = time.monotonic()
+    torch.zeros(1, device=device)
+    torch.cuda.synchronize(device)
+    return {"cuda_init_s": time.monotonic() - started}
 
 
 def _process_started_at() -> float | None:
@@ -169,20 +190,19 @@ def _process_started_at() -> float | None:
 
 
 def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float,
-                    formed_at: float, rendezvous_s: float) -> None:
+                    formed_at: float, phases: dict[str, float]) -> None:
     """This rank's ``rejoined`` event: its phases from the recovery's opening (the notice's
     time) to its process group. A replacement: ``process_start_s`` (the notice to its process
     existing), ``imports_s`` (the process to rayguard's set-up: Ray's actor, imports, the
-    train context), ``setup_s`` (set-up to the rendezvous), ``rendezvous_s``; a survivor:
-    ``wait_s`` (the notice to its set-up again), ``setup_s``, ``rendezvous_s``."""
+    train context), ``setup_s`` (set-up to the rendezvous) and :func:`rendezvous`'s phases;
+    a survivor: ``wait_s`` (the notice to its set-up again), ``setup_s``, the same."""
     ctx = link.ctx
     try:
         notice = link.get(opened_key(ctx.attempt)) or {}
     except Exception:
         notice = {}
     opened = notice.get("at")
-    phases: dict[str, float] = {"setup_s": formed_at - setup_start_time,
-                                "rendezvous_s": rendezvous_s}
+    phases = {"setup_s": formed_at - setup_start_time, **phases}
     started = _process_started_at() if replacement else None
     if replacement and started is not None:
         phases["imports_s"] = setup_start_time - started

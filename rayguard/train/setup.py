@@ -303,11 +303,11 @@ class GuardedTrainFn:
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
         infos = _setup_infos(link, ctx, by_marks=self.live, wait_s=self.guard.health.live_wait_s
                              if self.live and ctx.attempt > 0 else None, started=setup_start_time)
+        bind_numa(ctx, self.guard, infos)
+        pin_cuda(ctx, infos)
         live_path = self._form_group(link, setup_start_time, replacement=attempt is None)
         if live_path:  # the attempt's set-up began with its last rank's (the replacement's)
             setup_start_time = max(i.get("setup_start_time") or setup_start_time for i in infos)
-        bind_numa(ctx, self.guard, infos)
-        pin_cuda(ctx, infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed
         if ctx.world_size > 1:
             install_counting_hook()  # only where torch's Flight Recorder records nothing
@@ -344,10 +344,10 @@ class GuardedTrainFn:
         from rayguard.train.live import record_rejoined, rendezvous
 
         formed_at = time.time()
-        seconds = rendezvous(link, self.guard.health.live_wait_s)
+        phases = rendezvous(link, self.guard.health.live_wait_s)
         record_rejoined(link, replacement=replacement, setup_start_time=setup_start_time,
-                        formed_at=formed_at, rendezvous_s=seconds)
-        return {"path": "live", "phases": {"rendezvous_s": seconds}}
+                        formed_at=formed_at, phases=phases)
+        return {"path": "live", "phases": {"rendezvous_s": phases["rendezvous_s"]}}
 
     def _session(self, link: RunLink, watchdog: Watchdog, store: CheckpointStore,
                  faults: tuple[Fault, ...], inner: Any) -> WorkerSession:
