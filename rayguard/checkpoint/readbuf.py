@@ -25,7 +25,8 @@ MIN_HUGE_BYTES = 4 * 1024 * 1024
 
 
 def read_buffer(nbytes: int) -> memoryview:
-    """An uninitialised, writable byte buffer of ``nbytes`` for ``pread`` to fill: anonymous
+    """A writable byte buffer of ``nbytes`` for ``pread`` to fill, not written here (the
+    kernel maps zeroed pages on the first touch, in the reading threads): anonymous
     memory advised ``MADV_HUGEPAGE`` and aligned to a huge page when it is large and the
     platform offers the advice, else plain memory. The mapping is released when the
     last view of it (a slice, a tensor over it) goes away."""
