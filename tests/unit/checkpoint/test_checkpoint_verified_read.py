@@ -198,7 +198,7 @@ def test_load_state_fails_the_attempt_when_no_checkpoint_is_left_after_a_partial
 
 
 def test_a_rejection_that_used_nothing_leaves_a_fresh_start(tmp_path: Path) -> None:
-    """The whole file is one segment: the bad chunk is found before any item is used, so
+    """The bad chunk is the first one, in the first segment: found before any item is used, so
     with no older checkpoint the load is a fresh start, as when the check came first."""
     only = _checkpoint(tmp_path, 1)
     _flip(only / sh.DCP_DIR / "__0_0.distcp", 100)
