@@ -12,6 +12,10 @@ so what is compared is what the commit recorded.
 Memory stays bounded: the ranges are grouped into segments of whole chunks
 (:func:`plan_segments`, at most ``SEGMENT_BYTES`` unless one item alone is larger), and at
 most two segments are in flight (the one served, the next one being read and hashed).
+Their buffers are reused from segment to segment and file to file (:class:`_Buffers`):
+the first touch of fresh memory (the kernel zeroing and mapping it) cost more than the
+read itself, so a load faults in about two segments' worth, in huge pages
+(:mod:`rayguard.checkpoint.readbuf`), whatever the size of the checkpoint.
 
 Only the bytes this rank's plan needs are verified here; a chunk no rank reads is not
 hashed by the load (it influences nothing that was loaded); ``rayguard checkpoint verify``
@@ -41,12 +45,16 @@ from rayguard.checkpoint.dcp_safe import SafeReader
 from rayguard.checkpoint.fsio import pread_exact
 from rayguard.checkpoint.hashing import combine, default_threads
 from rayguard.checkpoint.manifest import FileRecord, Manifest, resolve_inside
+from rayguard.checkpoint.readbuf import read_buffer
 from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES, Hasher, factory, short_name
 from rayguard.checkpoint.verify import Problem
 from rayguard.exceptions import CheckpointCorruptError
 
-SEGMENT_BYTES = 128 * 1024 * 1024
-"""The most bytes one segment reads (unless a single item is larger)."""
+SEGMENT_BYTES = 32 * 1024 * 1024
+"""The most bytes one segment reads (unless a single item is larger). Every chunk of a
+segment is verified before any item in it is used, and two segments' buffers are what a
+load allocates: smaller segments fault in less fresh memory and let the copy into the
+state overlap the next segment's reads sooner."""
 
 
 @dataclass(frozen=True)
@@ -92,25 +100,57 @@ def plan_segments(ranges: Sequence[tuple[int, int]], *, chunk_size: int = CHUNK_
     return out
 
 
+HOT_PIECE_BYTES = 1024 * 1024
+"""A chunk is read and hashed this much at a time, so the hash reads what ``pread`` has just
+written while it is still in the core's cache instead of from memory."""
+
+
 def _read_chunk(fd: int, view: memoryview, offset: int, where: str,
                 new: Any) -> bytes:
-    pread_exact(fd, view, offset, where)
     h: Hasher = new()
-    h.update(view)
+    for lo in range(0, view.nbytes, HOT_PIECE_BYTES):
+        piece = view[lo : lo + HOT_PIECE_BYTES]
+        pread_exact(fd, piece, offset + lo, where)
+        h.update(piece)
     return h.digest()
+
+
+class _Buffers:
+    """The read buffers of one load, each as large as the load's largest segment
+    (``nbytes``), so that any segment fits in any of them: a buffer whose segment was
+    served is taken again by the next one (already faulted in: no kernel zeroing, no page
+    faults). Two segments are in flight at most, so two buffers serve the whole load; the
+    pages a buffer's segments never touch are never faulted in."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._nbytes = nbytes
+        self._free: list[memoryview] = []
+
+    def take(self, nbytes: int) -> memoryview:
+        """A buffer of at least ``nbytes``: a free one, else a fresh one."""
+        for buf in self._free:
+            if buf.nbytes >= nbytes:
+                self._free.remove(buf)
+                return buf
+        return read_buffer(max(nbytes, self._nbytes))
+
+    def give(self, buf: memoryview) -> None:
+        """Return a buffer nothing reads or writes any more (its segment was served)."""
+        self._free.append(buf)
 
 
 class _VerifiedFile:
     """One data file being read: its record, its descriptor, and the segments in flight."""
 
-    def __init__(self, path: str, record: FileRecord, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, path: str, record: FileRecord, pool: ThreadPoolExecutor,
+                 buffers: _Buffers) -> None:
         n_chunks = -(-record.size_bytes // CHUNK_SIZE_BYTES)
         if (len(record.chunk_digests) != n_chunks or combine(
                 [bytes.fromhex(d) for d in record.chunk_digests], record.scheme) != record.digest):
             raise CheckpointCorruptError(
                 f"{path}: the manifest's chunk digests do not add up to its digest for this "
                 "file (the manifest is corrupt)")
-        self.path, self.record, self._pool = path, record, pool
+        self.path, self.record, self._pool, self.buffers = path, record, pool, buffers
         self._new = factory(record.scheme)
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         size = os.fstat(self.fd).st_size
@@ -119,16 +159,19 @@ class _VerifiedFile:
             raise CheckpointCorruptError(f"{path}: size is {size} bytes, the manifest says "
                                          f"{record.size_bytes} (truncated or overwritten after the save)")
 
-    def submit(self, seg: Segment) -> tuple[memoryview, list[Future[bytes]]]:
+    def submit(self, seg: Segment) -> tuple[memoryview, memoryview, list[Future[bytes]]]:
+        """Start reading and hashing ``seg``: (the whole buffer, to give back once served;
+        the segment's bytes in it; a future per chunk)."""
         lo = seg.first * CHUNK_SIZE_BYTES
         hi = min(seg.end * CHUNK_SIZE_BYTES, self.record.size_bytes)
-        # uninitialised (a bytearray would zero every page first, in this thread): the pool's
-        # reads touch each page once, in parallel
-        buf = memoryview(torch.empty(hi - lo, dtype=torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+        # uninitialised, reused or in huge pages (readbuf): the pool's reads fault a fresh
+        # one in 2 MiB at a time, in parallel, instead of 4 KiB pages one fault at a time
+        whole = self.buffers.take(hi - lo)
+        buf = whole[: hi - lo]
         futures = [self._pool.submit(_read_chunk, self.fd, buf[a - lo : min(a + CHUNK_SIZE_BYTES, hi) - lo],
                                      a, self.path, self._new)
                    for a in range(lo, hi, CHUNK_SIZE_BYTES)]
-        return buf, futures
+        return whole, buf, futures
 
     def check(self, seg: Segment, futures: list[Future[bytes]]) -> str | None:
         """Wait for a segment's chunks; what is wrong with the first that differs from the
@@ -229,28 +272,34 @@ class VerifyingReader(SafeReader):
         per_file: dict[str, list[Any]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        plans = {rel: plan_segments([(self.storage_data[r.storage_index].offset,
+                                      self.storage_data[r.storage_index].length) for r in reqs])
+                 for rel, reqs in per_file.items()}
+        largest = max(((s.end - s.first) * CHUNK_SIZE_BYTES for segs in plans.values()
+                       for s in segs), default=0)
+        buffers = _Buffers(largest)
         with ThreadPoolExecutor(self._threads, thread_name_prefix="rg-dcp-verify") as pool:
             for rel, reqs in per_file.items():
-                self._read_file(rel, reqs, planner, pool)
+                self._read_file(rel, reqs, plans[rel], planner, pool, buffers)
 
     def _refuse(self, rel_path: str, what: str) -> CheckpointCorruptError:
         self.problem = Problem(rel_path, what)
         return CheckpointCorruptError(f"{os.path.join(self._checkpoint_dir, rel_path)}: {what}")
 
-    def _read_file(self, rel: str, reqs: list[Any], planner: Any, pool: ThreadPoolExecutor) -> None:
+    def _read_file(self, rel: str, reqs: list[Any], segments: list[Segment], planner: Any,
+                   pool: ThreadPoolExecutor, buffers: _Buffers) -> None:
         record = self._records.get(rel)
         if record is None:
             raise self._refuse(f"{DCP_DIR}/{rel}", "not in the manifest; refusing to read it")
         path = str(resolve_inside(Path(self._checkpoint_dir), record.path))
         infos = [self.storage_data[r.storage_index] for r in reqs]
-        segments = plan_segments([(i.offset, i.length) for i in infos])
         try:
-            file = _VerifiedFile(path, record, pool)
+            file = _VerifiedFile(path, record, pool, buffers)
         except OSError as exc:
             raise self._refuse(record.path, f"unreadable ({exc})") from None
         except CheckpointCorruptError as exc:
             raise self._refuse(record.path, str(exc).removeprefix(f"{path}: ")) from None
-        window: deque[tuple[Segment, memoryview, list[Future[bytes]]]] = deque()
+        window: deque[tuple[Segment, memoryview, memoryview, list[Future[bytes]]]] = deque()
         try:
             for k, seg in enumerate(segments):
                 window.append((seg, *file.submit(seg)))
@@ -260,18 +309,19 @@ class VerifyingReader(SafeReader):
             while window:
                 self._serve(file, window.popleft(), reqs, infos, planner)
         finally:
-            for _, _, futures in window:
+            for *_, futures in window:
                 for f in futures:
                     f.cancel()
-            for _, _, futures in window:
+            for *_, futures in window:
                 for f in futures:
                     if not f.cancelled():
                         f.exception()  # no thread still writes into a buffer or reads the fd
             file.close()
 
-    def _serve(self, file: _VerifiedFile, entry: tuple[Segment, memoryview, list[Future[bytes]]],
+    def _serve(self, file: _VerifiedFile,
+               entry: tuple[Segment, memoryview, memoryview, list[Future[bytes]]],
                reqs: list[Any], infos: list[Any], planner: Any) -> None:
-        seg, buf, futures = entry
+        seg, whole, buf, futures = entry
         what = file.check(seg, futures)
         if what is not None:  # before any of these bytes is used
             raise self._refuse(file.record.path, what)
@@ -292,3 +342,6 @@ class VerifyingReader(SafeReader):
                                    f"size {tuple(tensor.size())}, the plan expects {tuple(target.size())}")
             target.copy_(tensor)
             planner.commit_tensor(req, target)
+        # every item was copied out (copy_ into the state's own tensors; bytes() for the
+        # rest): a later segment may reuse the buffer once this returns
+        file.buffers.give(whole)

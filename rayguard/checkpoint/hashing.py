@@ -137,10 +137,11 @@ _local = threading.local()
 
 
 def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int,
-                     new: Callable[[], Hasher]) -> bytes:
-    buf = getattr(_local, "buf", None)
-    if buf is None or len(buf) < chunk_size:
-        buf = _local.buf = bytearray(chunk_size)
+                     new: Callable[[], Hasher], buf: bytearray | None = None) -> bytes:
+    if buf is None:  # a pool thread's buffer, kept for its next chunks
+        buf = getattr(_local, "buf", None)
+        if buf is None or len(buf) < chunk_size:
+            buf = _local.buf = bytearray(chunk_size)
     view = memoryview(buf)[:length]
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -156,7 +157,9 @@ def hash_files(
     paths: Sequence[Path], *, threads: int | None = None, chunk_size: int = CHUNK_SIZE_BYTES,
     scheme: str | None = None,
 ) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
-    """Digest several files at once, every chunk of every file in parallel.
+    """Digest several files at once, every chunk of every file in parallel (files of at most
+    ``INLINE_BYTES`` in all, such as DCP's ``.metadata`` and small plain shards, in the
+    caller's thread: starting the pool's threads cost more than hashing them).
 
     At most ``IN_FLIGHT_PER_THREAD`` chunks per thread are queued at a time (in file order),
     so the pool's memory does not grow with the checkpoint's size.
@@ -178,6 +181,16 @@ def hash_files(
             for i in range(-(-size // chunk_size)):
                 yield k, str(p), i, min(chunk_size, size - i * chunk_size)
 
+    if _total_size(paths) <= INLINE_BYTES:  # .metadata, small plain shards: no pool to start
+        for k, path, i, length in tasks():
+            if k in errors:
+                continue
+            try:
+                digests[k].append(_hash_file_chunk(path, i, length, chunk_size, new,
+                                                   bytearray(length)))
+            except (OSError, EOFError) as exc:
+                errors.setdefault(k, exc)
+        return _results(paths, digests, errors, scheme)
     window: deque[tuple[int, Future[bytes]]] = deque()
 
     def settle() -> None:
@@ -196,6 +209,23 @@ def hash_files(
                 settle()
         while window:
             settle()
+    return _results(paths, digests, errors, scheme)
+
+
+def _total_size(paths: Sequence[Path]) -> int:
+    """Their sizes added up (a file that cannot be stat'ed counts 0: its error comes later)."""
+    total = 0
+    for p in paths:
+        try:
+            total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _results(paths: Sequence[Path], digests: list[list[bytes]],
+             errors: dict[int, OSError | EOFError],
+             scheme: str) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
     out: list[tuple[str, tuple[str, ...]] | OSError | EOFError] = []
     for k in range(len(paths)):
         if k in errors:

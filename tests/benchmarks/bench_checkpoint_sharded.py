@@ -146,6 +146,10 @@ def _worker(rank: int, size_mib: int, reps: int, work: str, port: int, out: str,
     dist.destroy_process_group()
 
 
+def _loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def run_sharded(size_mib: int = 512, reps: int = 3, directory: str | None = None,
                 threads: int | None = None) -> dict[str, float]:
     """Run the sharded case; prints and returns rank 0's medians (seconds)."""
@@ -160,7 +164,8 @@ def run_sharded(size_mib: int = 512, reps: int = 3, directory: str | None = None
     out = os.path.join(work, "times.pt")
     print(f"sharded state: {size_mib} MiB of DTensors over {WORLD} gloo processes; dir {work}; "
           f"cores {len(os.sched_getaffinity(0))}; hashing threads per process "
-          f"{threads or default_threads()}; torch {torch.__version__}", flush=True)
+          f"{threads or default_threads()}; torch {torch.__version__}; load average "
+          f"{_loadavg()}", flush=True)
     try:
         mp.spawn(_worker, args=(size_mib, reps, work, port, out, threads), nprocs=WORLD)
         times = torch.load(out)
@@ -168,6 +173,7 @@ def run_sharded(size_mib: int = 512, reps: int = 3, directory: str | None = None
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     nbytes = size_mib * 2**20
+    print(f"load average after the run {_loadavg()} (other work on the cores moves the figures)")
     print(f"\n{'operation (rank 0)':<28}{'median s':>10}{'GiB/s':>8}")
     for name, t in med.items():
         print(f"{name:<28}{t:>10.3f}{nbytes / 2**30 / t:>8.2f}")

@@ -105,6 +105,35 @@ def test_a_good_checkpoint_loads_with_every_read_byte_verified(tmp_path: Path, m
     assert target["extra"]["n"] == 3
 
 
+def test_a_load_of_many_segments_reads_them_all_into_two_buffers(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """One chunk per segment: the 48 MiB file is several segments, all read into the same
+    two buffers (one served while the next is read), and every value arrives."""
+    from rayguard.checkpoint import readbuf
+
+    fresh: list[int] = []
+    served: list[int] = []
+
+    def counting(nbytes: int) -> memoryview:
+        fresh.append(nbytes)
+        return readbuf.read_buffer(nbytes)
+
+    serve = vr.VerifyingReader._serve
+
+    def counting_serve(self, file, entry, *args) -> None:  # type: ignore[no-untyped-def]
+        served.append(entry[0].first)
+        serve(self, file, entry, *args)
+
+    monkeypatch.setattr(vr, "SEGMENT_BYTES", C)
+    monkeypatch.setattr(vr, "read_buffer", counting)
+    monkeypatch.setattr(vr.VerifyingReader, "_serve", counting_serve)
+    ckpt = _checkpoint(tmp_path, 4)
+    target = _target()
+    assert _load_verified(ckpt, target) == ()
+    assert len(served) >= 3 and len(fresh) == 2
+    assert bool((target["model"]["a"] == 4.0).all()) and bool((target["model"]["b"] == 4.5).all())
+
+
 def test_a_corrupt_chunk_is_refused_before_anything_in_it_reaches_the_state(tmp_path: Path) -> None:
     """A byte flipped in the data file's last chunk (inside ``b``): ``b``'s target keeps its
     values, the problem names the file, the byte range and the scheme."""
@@ -169,7 +198,7 @@ def test_load_state_fails_the_attempt_when_no_checkpoint_is_left_after_a_partial
 
 
 def test_a_rejection_that_used_nothing_leaves_a_fresh_start(tmp_path: Path) -> None:
-    """The whole file is one segment: the bad chunk is found before any item is used, so
+    """The bad chunk is the first one, in the first segment: found before any item is used, so
     with no older checkpoint the load is a fresh start, as when the check came first."""
     only = _checkpoint(tmp_path, 1)
     _flip(only / sh.DCP_DIR / "__0_0.distcp", 100)
