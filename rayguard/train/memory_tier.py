@@ -7,7 +7,8 @@ small actor created and owned by the run's coordinator
 lives in that node's object store, owned by a process that outlives the worker group (Ray
 2.56 removed ``ray.put(_owner=)``, hence one keeper per node). A background thread then
 registers the keeper's reference, with the shard's digests, with the coordinator, and has the
-keeper of one peer node (:mod:`rayguard.checkpoint.peer`) take a second copy, so that one
+keeper of one peer node (:mod:`rayguard.checkpoint.peer`) take a second copy
+(:mod:`rayguard.train.memory_peer`), so that one
 node's loss leaves a copy of every shard. Rank 0 tells the coordinator when the checkpoint
 committed; only then are the copies servable, and the previous ones are freed.
 
@@ -31,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from rayguard.run.link import RunLink
+from rayguard.train.memory_peer import queue_peer_copy, wait_idle
 
 logger = logging.getLogger("rayguard")
 
@@ -94,7 +96,7 @@ class MemoryTier:
             def register() -> None:
                 refs = ray.get(held, timeout=timeout_s)
                 link.memory_offer(final, step, digests, refs)
-                _copy_to_peer(link, final, refs, timeout_s)
+                queue_peer_copy(link, final, refs, timeout_s)
 
             _executor = _executor or ThreadPoolExecutor(1, thread_name_prefix="rg-memory-tier")
             _pending.append(_executor.submit(register))
@@ -261,25 +263,6 @@ def _tier_fields(oks: list[bool], skipped_hashing: bool,
     return fields
 
 
-def _copy_to_peer(link: RunLink, final: str, refs: list[Any], timeout_s: float) -> None:
-    """Have the keeper of this rank's peer node take a second copy of ``refs`` (the own
-    keeper's copy of ``final``) and register it (background thread; never raises)."""
-    try:
-        peer = link.memory_peer(final)
-        if peer is None:
-            return
-        node, keeper = peer
-        import ray
-
-        # the keeper receives the bytes (fetched from this node's object store) and puts them
-        # in its own node's store, owned by itself: the copy outlives this node
-        peer_refs = ray.get(keeper.hold.remote(refs[0]), timeout=timeout_s)
-        link.memory_offer_peer(final, node, peer_refs)
-    except Exception as exc:
-        logger.warning("rayguard: rank %d: no peer memory copy of %s (%s); a loss of this "
-                       "node reads the disk", link.ctx.rank, final, exc)
-
-
 def _wait_pending() -> None:
     while _pending:
         future = _pending.pop(0)
@@ -291,5 +274,7 @@ def _wait_pending() -> None:
 
 
 def flush() -> None:
-    """Wait for the background registration (tests, benchmarks, end of a worker)."""
+    """Wait for the background registration and peer copy (tests, benchmarks, end of a
+    worker)."""
     _wait_pending()
+    wait_idle()

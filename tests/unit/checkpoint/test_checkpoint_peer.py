@@ -5,6 +5,7 @@ lost node left out, both freed on the next commit) and the ``restored`` event's 
 from __future__ import annotations
 
 import itertools
+import time
 
 from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
 from rayguard.checkpoint.peer import peer_node, peer_plan
@@ -87,3 +88,37 @@ def test_the_restored_event_says_which_copy_served_each_rank():
         "copies": ["peer", None]}
     assert _tier_fields([False, False], False, [None, None]) == {"tier": "disk"}
     assert _tier_fields([True], False) == {"tier": "memory"}  # no copy reported
+
+
+class _SlowLink:
+    """A link whose peer answer waits for ``release`` (the copy of the first checkpoint is
+    still travelling while the next ones are saved)."""
+
+    def __init__(self):
+        import threading
+
+        self.asked: list[str] = []
+        self.release = threading.Event()
+
+    def memory_peer(self, final):
+        self.asked.append(final)
+        self.release.wait(30)
+        return None  # no peer: nothing is copied
+
+
+def test_a_newer_peer_copy_replaces_the_one_still_waiting_and_none_blocks_the_caller():
+    from rayguard.train import memory_peer
+
+    link = _SlowLink()
+    memory_peer.queue_peer_copy(link, "c1", ["r1"], 1.0)
+    for _ in range(200):  # c1 is running (its peer question is out)
+        if link.asked:
+            break
+        time.sleep(0.01)
+    memory_peer.queue_peer_copy(link, "c2", ["r2"], 1.0)  # waits behind c1 ...
+    memory_peer.queue_peer_copy(link, "c3", ["r3"], 1.0)  # ... and is replaced by c3
+    assert link.asked == ["c1"]
+    link.release.set()
+    memory_peer.wait_idle(30)
+    assert link.asked == ["c1", "c3"]
+    assert memory_peer._thread is None and memory_peer._waiting is None
