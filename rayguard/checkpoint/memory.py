@@ -134,10 +134,14 @@ class SnapshotRegistry:
             return None
         return self._by_rank.get(rank, {}).get(path)
 
+    def snapshot(self, path: str, rank: int) -> Snapshot | None:
+        """Rank ``rank``'s snapshot of ``path`` if held (committed or not)."""
+        return self._by_rank.get(rank, {}).get(path)
+
     def offer_peer(self, path: str, rank: int, node: str, refs: Any) -> bool:
         """Rank ``rank``'s snapshot of ``path`` has a second copy on ``node``; False (the
         copy is not kept) when that snapshot is no longer held or ``node`` is its own."""
-        snap = self._by_rank.get(rank, {}).get(path)
+        snap = self.snapshot(path, rank)
         if snap is None or node == snap.node:
             return False
         snap.peer, snap.peer_refs = node, refs

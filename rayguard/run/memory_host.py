@@ -48,24 +48,31 @@ class MemoryHost:
             self._memory.offer(Snapshot(path, step, rank, node, dict(digests), refs))
             self._cond.notify_all()
 
-    def memory_peer(self, path: str, rank: int, world_size: int, timeout_s: float = 30.0
-                    ) -> tuple[str, Any] | None:
-        """(peer node, its keeper) for rank ``rank``'s second copy of ``path``, or None (one
-        node, or the rank's own copy is not held). Waits up to ``timeout_s`` for every rank's
-        own copy, so that the peer is chosen among the nodes of all the run's workers."""
+    def memory_copy_to_peer(self, path: str, rank: int, world_size: int,
+                            wait_s: float = 30.0, timeout_s: float = 120.0) -> str | None:
+        """Have the keeper of rank ``rank``'s peer node take a second copy of its snapshot of
+        ``path``; returns that node, or None (one node, the own copy is not held, or the
+        copy failed). Waits up to ``wait_s`` for every rank's own copy, so that the peer is
+        chosen among the nodes of all the run's workers. Run here, not in the worker: this
+        actor holds the references from end to end, so a worker killed meanwhile cannot take
+        a copy's last borrower with it."""
+        import ray
+
         with self._cond:
             self._cond.wait_for(lambda: len(self._memory.nodes_of(path)) >= world_size,
-                                timeout=timeout_s)
+                                timeout=wait_s)
+            snap = self._memory._by_rank.get(rank, {}).get(path)
             nodes = self._memory.nodes_of(path)
-        if rank not in nodes:
+        if snap is None:
             return None
-        peer = peer_node(nodes[rank], nodes.values(), _alive_nodes())
-        return None if peer is None else (peer, self.memory_keeper(peer))
-
-    def memory_offer_peer(self, path: str, rank: int, node: str, refs: list[Any]) -> bool:
-        """Rank ``rank``'s second copy of ``path``, held on ``node`` (False: not kept)."""
+        peer = peer_node(snap.node, nodes.values(), _alive_nodes())
+        if peer is None:
+            return None
+        # the peer keeper receives the bytes from the own node's object store and puts them
+        # into its own, owned by itself: the copy outlives the own node
+        refs = ray.get(self.memory_keeper(peer).hold.remote(snap.refs[0]), timeout=timeout_s)
         with self._cond:
-            return self._memory.offer_peer(path, rank, node, refs)
+            return peer if self._memory.offer_peer(path, rank, peer, refs) else None
 
     def memory_commit(self, path: str, step: int) -> None:
         """Rank 0 committed ``path``: its copies become servable, older ones are freed."""
@@ -140,7 +147,7 @@ def _answering(keepers: dict[str, Any], timeout_s: float) -> set[str]:
     out = set()
     for ref in ready:
         try:
-            if ray.get(ref, timeout=0):
+            if ray.get(ref, timeout=1.0):
                 out.add(pings[ref])
         except Exception:  # the keeper died (its node, or the actor alone)
             pass

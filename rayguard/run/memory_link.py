@@ -36,20 +36,14 @@ class MemoryCalls:
         ray.get(self.actor.memory_offer.remote(final, step, ctx.rank, ctx.node_id, digests,
                                                refs), timeout=self.timeouts.memory_s)
 
-    def memory_peer(self, final: str) -> tuple[str, Any] | None:
-        """(peer node, its keeper) for this rank's second copy of ``final`` (None: no peer)."""
+    def memory_copy_to_peer(self, final: str) -> str | None:
+        """Have the coordinator copy this rank's snapshot of ``final`` to its peer node; the
+        node that holds the copy now, or None (no peer)."""
         import ray
 
-        ctx, wait_s = self.ctx, self.timeouts.memory_s / 4
-        return ray.get(self.actor.memory_peer.remote(final, ctx.rank, ctx.world_size, wait_s),
-                       timeout=self.timeouts.memory_s)
-
-    def memory_offer_peer(self, final: str, node: str, refs: list[Any]) -> bool:
-        import ray
-
-        return bool(ray.get(self.actor.memory_offer_peer.remote(final, self.ctx.rank, node,
-                                                                 refs),
-                            timeout=self.timeouts.memory_s))
+        ctx, timeout_s = self.ctx, self.timeouts.memory_s
+        return ray.get(self.actor.memory_copy_to_peer.remote(
+            final, ctx.rank, ctx.world_size, timeout_s / 4, timeout_s), timeout=2 * timeout_s)
 
     def memory_commit(self, final: str, step: int) -> None:
         self.actor.memory_commit.remote(final, step)
@@ -76,11 +70,8 @@ class NullMemoryCalls:
                      refs: list[Any]) -> None:
         return None
 
-    def memory_peer(self, final: str) -> tuple[str, Any] | None:
+    def memory_copy_to_peer(self, final: str) -> str | None:
         return None
-
-    def memory_offer_peer(self, final: str, node: str, refs: list[Any]) -> bool:
-        return False
 
     def memory_commit(self, final: str, step: int) -> None:
         return None

@@ -6,10 +6,9 @@ small actor created and owned by the run's coordinator
 (:mod:`rayguard.run.keeper`), which ``ray.put``s them: the copy
 lives in that node's object store, owned by a process that outlives the worker group (Ray
 2.56 removed ``ray.put(_owner=)``, hence one keeper per node). A background thread then
-registers the keeper's reference, with the shard's digests, with the coordinator, and has the
-keeper of one peer node (:mod:`rayguard.checkpoint.peer`) take a second copy
-(:mod:`rayguard.train.memory_peer`), so that one
-node's loss leaves a copy of every shard. Rank 0 tells the coordinator when the checkpoint
+registers the keeper's reference, with the shard's digests, with the coordinator, and asks it
+to have the keeper of one peer node (:mod:`rayguard.checkpoint.peer`) take a second copy
+(:mod:`rayguard.train.memory_peer`), so that one node's loss leaves a copy of every shard. Rank 0 tells the coordinator when the checkpoint
 committed; only then are the copies servable, and the previous ones are freed.
 
 Load: rank 0 still picks the checkpoint on disk. When the newest checkpoint on disk is the one
@@ -94,9 +93,8 @@ class MemoryTier:
             digests = digests_of(record)
 
             def register() -> None:
-                refs = ray.get(held, timeout=timeout_s)
-                link.memory_offer(final, step, digests, refs)
-                queue_peer_copy(link, final, refs, timeout_s)
+                link.memory_offer(final, step, digests, ray.get(held, timeout=timeout_s))
+                queue_peer_copy(link, final)
 
             _executor = _executor or ThreadPoolExecutor(1, thread_name_prefix="rg-memory-tier")
             _pending.append(_executor.submit(register))

@@ -100,7 +100,7 @@ class _SlowLink:
         self.asked: list[str] = []
         self.release = threading.Event()
 
-    def memory_peer(self, final):
+    def memory_copy_to_peer(self, final):
         self.asked.append(final)
         self.release.wait(30)
         return None  # no peer: nothing is copied
@@ -110,13 +110,13 @@ def test_a_newer_peer_copy_replaces_the_one_still_waiting_and_none_blocks_the_ca
     from rayguard.train import memory_peer
 
     link = _SlowLink()
-    memory_peer.queue_peer_copy(link, "c1", ["r1"], 1.0)
+    memory_peer.queue_peer_copy(link, "c1")
     for _ in range(200):  # c1 is running (its peer question is out)
         if link.asked:
             break
         time.sleep(0.01)
-    memory_peer.queue_peer_copy(link, "c2", ["r2"], 1.0)  # waits behind c1 ...
-    memory_peer.queue_peer_copy(link, "c3", ["r3"], 1.0)  # ... and is replaced by c3
+    memory_peer.queue_peer_copy(link, "c2")  # waits behind c1 ...
+    memory_peer.queue_peer_copy(link, "c3")  # ... and is replaced by c3
     assert link.asked == ["c1"]
     link.release.set()
     memory_peer.wait_idle(30)
