@@ -8,13 +8,15 @@ match the manifest byte for byte is never decoded into a state.
 
 :class:`SnapshotRegistry` is the bookkeeping the run's coordinator keeps: one snapshot per
 rank per checkpoint, servable only once its checkpoint committed, and at most two per rank at
-any time (the newest committed one and the one being saved). No Ray, no processes: the
-references it holds are opaque to it.
+any time (the newest committed one and the one being saved). A snapshot has up to two copies:
+the one on the node that saved it (*own*) and one on a peer node (*peer*,
+:mod:`rayguard.checkpoint.peer`); :meth:`SnapshotRegistry.copies` lists the live ones, own
+first. No Ray, no processes: the references it holds are opaque to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,10 @@ class Snapshot:
     digests: dict[str, str]
     refs: Any = field(default=None, repr=False)
     """Opaque to the registry (the adapter's object references)."""
+    peer: str | None = None
+    """The node whose object store holds the second copy (None: none yet, or no peer)."""
+    peer_refs: Any = field(default=None, repr=False)
+    """The second copy's references (opaque, as ``refs``)."""
 
 
 class SnapshotRegistry:
@@ -127,6 +133,37 @@ class SnapshotRegistry:
         if path != self.committed:
             return None
         return self._by_rank.get(rank, {}).get(path)
+
+    def snapshot(self, path: str, rank: int) -> Snapshot | None:
+        """Rank ``rank``'s snapshot of ``path`` if held (committed or not)."""
+        return self._by_rank.get(rank, {}).get(path)
+
+    def offer_peer(self, path: str, rank: int, node: str, refs: Any) -> bool:
+        """Rank ``rank``'s snapshot of ``path`` has a second copy on ``node``; False (the
+        copy is not kept) when that snapshot is no longer held or ``node`` is its own."""
+        snap = self.snapshot(path, rank)
+        if snap is None or node == snap.node:
+            return False
+        snap.peer, snap.peer_refs = node, refs
+        return True
+
+    def copies(self, path: str, rank: int, alive: Collection[str] | None = None
+               ) -> list[tuple[str, str, Any]]:
+        """The servable copies of rank ``rank``'s snapshot of ``path`` as ``(which, node,
+        refs)``, ``which`` being ``"own"`` or ``"peer"``: the own copy first, a copy on a
+        node not in ``alive`` (``None``: every node is) left out; ``[]`` when ``path`` is not
+        the committed checkpoint."""
+        snap = self.lookup(path, rank)
+        if snap is None:
+            return []
+        found = [("own", snap.node, snap.refs)]
+        if snap.peer is not None:
+            found.append(("peer", snap.peer, snap.peer_refs))
+        return [c for c in found if alive is None or c[1] in alive]
+
+    def nodes_of(self, path: str) -> dict[int, str]:
+        """``{rank: node that saved it}`` of the snapshots of ``path`` held."""
+        return {rank: held[path].node for rank, held in self._by_rank.items() if path in held}
 
     def held(self) -> list[Snapshot]:
         return [s for held in self._by_rank.values() for s in held.values()]

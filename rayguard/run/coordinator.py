@@ -12,7 +12,6 @@ import threading
 import time
 from typing import Any
 
-from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
 from rayguard.events import EventLog
 from rayguard.events.kinds import NOTABLE_KINDS
 from rayguard.failures.taxonomy import is_kill_mark
@@ -24,10 +23,12 @@ from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
 from rayguard.run.diagnosis import Diagnoses, open_key, place_key
 from rayguard.run.fence import NodeFence
+from rayguard.run.memory_host import MemoryHost
 
 
-class RunCoordinator:
-    """The actor body. Create it with :func:`start_coordinator`."""
+class RunCoordinator(MemoryHost):
+    """The actor body. Create it with :func:`start_coordinator` (its memory-tier methods:
+    :class:`~rayguard.run.memory_host.MemoryHost`)."""
 
     def __init__(self, events_file: str, observe: dict[str, Any] | None = None,
                  fence: dict[str, Any] | None = None) -> None:
@@ -51,8 +52,7 @@ class RunCoordinator:
         self._notable: list[dict[str, Any]] = []
         self._closed = False
         self._cond = threading.Condition()
-        self._memory = SnapshotRegistry()  # the memory tier (rayguard/run/keeper.py, rayguard/train/memory_tier.py)
-        self._keepers: dict[str, Any] = {}
+        self._init_memory()  # the memory tier (rayguard/run/memory_host.py)
         self._diagnoses = Diagnoses(self._cond, self._record_diagnosis,
                                     lambda attempt, rank: self._store.get(place_key(attempt, rank)))
 
@@ -297,59 +297,6 @@ class RunCoordinator:
             else:
                 self._gather_reads[tag] = reads
             return values
-
-    # -- memory tier (rayguard/run/keeper.py) --------------------------------------------------
-    def memory_keeper(self, node_id: str) -> Any:
-        """The keeper actor of ``node_id`` (started on first use; owned by this actor, so it
-        and the copies it holds outlive every worker-group restart, not this run)."""
-        from rayguard.run.keeper import start_keeper
-
-        with self._cond:
-            if node_id not in self._keepers:
-                self._keepers[node_id] = start_keeper(node_id)
-            return self._keepers[node_id]
-
-    def memory_offer(self, path: str, step: int, rank: int, node: str, digests: dict[str, str],
-                     refs: list[Any]) -> None:
-        """A rank's memory copy of checkpoint ``path`` (servable once ``path`` commits)."""
-        with self._cond:
-            self._memory.offer(Snapshot(path, step, rank, node, dict(digests), refs))
-
-    def memory_commit(self, path: str, step: int) -> None:
-        """Rank 0 committed ``path``: its copies become servable, older ones are freed."""
-        with self._cond:
-            self._memory.commit(path, step)
-
-    def memory_committed(self) -> str | None:
-        return self._memory.committed
-
-    def memory_lookup(self, path: str, rank: int) -> tuple[list[Any], dict[str, str]] | None:
-        """(``[ref]``, digests) of rank ``rank``'s copy of ``path`` if servable, else None."""
-        with self._cond:
-            snap = self._memory.lookup(path, rank)
-            return None if snap is None else (snap.refs, dict(snap.digests))
-
-    def memory_held(self) -> list[tuple[str, int, str]]:
-        """(path, rank, node) of every copy held (tests, ``rayguard`` diagnostics)."""
-        with self._cond:
-            return [(s.path, s.rank, s.node) for s in self._memory.held()]
-
-    def memory_corrupt_for_test(self, rank: int) -> bool:
-        """Test hook: replace rank ``rank``'s committed copy by one with a flipped byte (kept
-        in this actor's object store). False when there is none."""
-        import ray
-
-        with self._cond:
-            path = self._memory.committed
-            snap = None if path is None else self._memory.lookup(path, rank)
-            if snap is None:
-                return False
-            files = {name: data.copy() for name, data in ray.get(snap.refs[0]).items()}
-            name = sorted(files)[0]
-            files[name][len(files[name]) // 2] ^= 0xFF
-            snap.refs = [ray.put(files)]
-            return True
-
 
     def gather_calls(self) -> int:
         """How many gather calls arrived (every rank's call counts): a metrics-only report

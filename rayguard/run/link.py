@@ -21,6 +21,7 @@ from typing import Any
 
 from rayguard.events import make_event
 from rayguard.exceptions import PeersLostError, RayGuardError
+from rayguard.run.memory_link import MemoryCalls, NullMemoryCalls
 from rayguard.run.poll import FactPoll
 
 logger = logging.getLogger("rayguard")
@@ -53,9 +54,10 @@ def read_attempt(actor: Any, timeouts: LinkTimeouts = LinkTimeouts()) -> int:
     return int(ray.get(actor.attempt.remote(), timeout=timeouts.answer_s))
 
 
-class RunLink:
+class RunLink(MemoryCalls):
     """A worker's link to its run: ``ctx`` (rank, attempt, node, world size) and the run's
-    coordinator ``actor``. Built once per worker by set-up; treat it as read-only."""
+    coordinator ``actor``. Built once per worker by set-up; treat it as read-only (the memory
+    tier's calls: :class:`~rayguard.run.memory_link.MemoryCalls`)."""
 
     connected = True
     """Whether a coordinator answers (the memory tier needs one)."""
@@ -281,36 +283,8 @@ class RunLink:
     def fact_poll(self, key: str) -> FactPoll:  # a non-blocking watch of the fact ``key``
         return FactPoll(self.actor, key)
 
-    # -- the memory tier's registry (rayguard.train.memory_tier) -----------------------------
-    def memory_keeper(self, node_id: str) -> Any:
-        import ray
 
-        return ray.get(self.actor.memory_keeper.remote(node_id), timeout=self.timeouts.memory_s)
-
-    def memory_offer(self, final: str, step: int, digests: dict[str, str],
-                     refs: list[Any]) -> None:
-        import ray
-
-        ctx = self.ctx
-        ray.get(self.actor.memory_offer.remote(final, step, ctx.rank, ctx.node_id, digests,
-                                               refs), timeout=self.timeouts.memory_s)
-
-    def memory_commit(self, final: str, step: int) -> None:
-        self.actor.memory_commit.remote(final, step)
-
-    def memory_committed(self) -> str | None:
-        import ray
-
-        return ray.get(self.actor.memory_committed.remote(), timeout=self.timeouts.memory_s)
-
-    def memory_lookup(self, path: str, rank: int) -> tuple[list[Any], dict[str, str]] | None:
-        import ray
-
-        return ray.get(self.actor.memory_lookup.remote(path, rank),
-                       timeout=self.timeouts.memory_s)
-
-
-class NullLink(RunLink):
+class NullLink(NullMemoryCalls, RunLink):
     """The link of a worker without a coordinator: events are logged only, a gather returns
     this rank's value, a claim is always won, facts are never there."""
 
@@ -373,22 +347,6 @@ class NullLink(RunLink):
 
     def fact_poll(self, key: str) -> FactPoll:
         return FactPoll(None, "")
-
-    def memory_keeper(self, node_id: str) -> Any:
-        raise RayGuardError("no coordinator: no memory tier")
-
-    def memory_offer(self, final: str, step: int, digests: dict[str, str],
-                     refs: list[Any]) -> None:
-        return None
-
-    def memory_commit(self, final: str, step: int) -> None:
-        return None
-
-    def memory_committed(self) -> str | None:
-        return None
-
-    def memory_lookup(self, path: str, rank: int) -> tuple[list[Any], dict[str, str]] | None:
-        return None
 
 
 def make_link(ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts(),

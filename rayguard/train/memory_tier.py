@@ -6,15 +6,17 @@ small actor created and owned by the run's coordinator
 (:mod:`rayguard.run.keeper`), which ``ray.put``s them: the copy
 lives in that node's object store, owned by a process that outlives the worker group (Ray
 2.56 removed ``ray.put(_owner=)``, hence one keeper per node). A background thread then
-registers the keeper's reference, with the shard's digests, with the coordinator. Rank 0
-tells the coordinator when the checkpoint committed; only then is the copy servable, and the
-previous one is freed.
+registers the keeper's reference, with the shard's digests, with the coordinator, and asks it
+to have the keeper of one peer node (:mod:`rayguard.checkpoint.peer`) take a second copy
+(:mod:`rayguard.train.memory_peer`), so that one node's loss leaves a copy of every shard. Rank 0 tells the coordinator when the checkpoint
+committed; only then are the copies servable, and the previous ones are freed.
 
 Load: rank 0 still picks the checkpoint on disk. When the newest checkpoint on disk is the one
 held in memory, rank 0 checks its manifest and file sizes but does not hash its files
 (:func:`choose`); every rank then fetches the shard(s) it needs from memory and hashes them
-against the manifest while decoding (:func:`prepare`). If any rank's copy is missing or does
-not verify, rank 0 verifies the checkpoint on disk in full as before, and the ranks whose copy
+against the manifest while decoding (:func:`prepare`): the copy on the node that saved it
+first, else the peer's (a copy on a node that died is not tried). If no copy of a rank's
+shard is there or verifies, rank 0 verifies the checkpoint on disk in full as before, and the ranks whose copy
 failed read from disk.
 
 Nothing here may fail a save or a load: any error of the memory tier means "read the disk".
@@ -29,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from rayguard.run.link import RunLink
+from rayguard.train.memory_peer import queue_peer_copy, wait_idle
 
 logger = logging.getLogger("rayguard")
 
@@ -51,6 +54,7 @@ class MemoryTier:
         self._deferred: str | None = None
         self._no_defer = False
         self._load_count = 0
+        self._served: set[str] = set()
 
     @classmethod
     def for_run(cls, link: RunLink, config: Any, fs: Any) -> MemoryTier:
@@ -90,6 +94,7 @@ class MemoryTier:
 
             def register() -> None:
                 link.memory_offer(final, step, digests, ray.get(held, timeout=timeout_s))
+                queue_peer_copy(link, final)
 
             _executor = _executor or ThreadPoolExecutor(1, thread_name_prefix="rg-memory-tier")
             _pending.append(_executor.submit(register))
@@ -142,10 +147,12 @@ class MemoryTier:
         Returns (checkpoint to restore, ``{saved rank: decoded payload}`` served from
         memory, fields for the ``restored`` event)."""
         deferred, self._deferred = self._deferred == chosen, None
+        self._served = set()
         payloads = self._fetch_needed(chosen)
+        served = ("peer" if "peer" in self._served else "own") if payloads is not None else None
         tag = f"load{self._load_count}:memory"
-        answers = self.link.gather(tag, (payloads is not None, deferred))
-        oks = [ok for ok, _ in answers]
+        answers = self.link.gather(tag, (payloads is not None, deferred, served))
+        oks = [a[0] for a in answers]
         skipped_hashing = answers[0][1]
         if skipped_hashing and not all(oks):
             # rank 0 skipped hashing the disk copy: verify it now, in full, as without memory
@@ -160,7 +167,8 @@ class MemoryTier:
             skipped_hashing = False
             if again != chosen:
                 return again, {}, {"tier": "disk", "memory": f"{chosen} did not verify on disk"}
-        return chosen, payloads or {}, _tier_fields(oks, skipped_hashing)
+        return chosen, payloads or {}, _tier_fields(oks, skipped_hashing,
+                                                    [a[2] for a in answers])
 
     def _fetch_needed(self, chosen: str) -> dict[int, Any] | None:
         """The payloads :func:`~rayguard.train.protocol.read_state` will read, from memory
@@ -191,32 +199,52 @@ class MemoryTier:
         return out
 
     def _fetch(self, chosen: str, manifest: Any, rank: int) -> Any:
-        import ray
-
-        from rayguard.checkpoint.memory import load_snapshot, matches_manifest
+        """Rank ``rank``'s payload of ``chosen`` from a memory copy that verifies (own copy
+        first, then the peer's; records which in ``self._served``), else None."""
+        from rayguard.checkpoint.memory import matches_manifest
 
         me = self.link.ctx.rank
         try:
             found = self.link.memory_lookup(chosen, rank)
-            if found is None:
+            if found is None or not found[0]:
                 logger.info("rayguard: rank %d: no memory copy of rank %d's shard of %s; "
                             "reading the disk", me, rank, chosen)
                 return None
-            refs, digests = found
+            copies, digests = found
             if not matches_manifest(digests, manifest, rank):
                 raise ValueError("its digests are not the manifest's")
+        except Exception as exc:
+            logger.warning("rayguard: rank %d: memory tier unavailable for rank %d's shard of "
+                           "%s (%s); reading the disk", me, rank, chosen, exc)
+            return None
+        for which, node, refs in copies:
+            payload = self._fetch_copy(chosen, manifest, rank, which, node, refs)
+            if payload is not None:
+                self._served.add(which)
+                return payload
+        return None
+
+    def _fetch_copy(self, chosen: str, manifest: Any, rank: int, which: str, node: str,
+                    refs: list[Any]) -> Any:
+        import ray
+
+        from rayguard.checkpoint.memory import load_snapshot
+
+        try:
             files = ray.get(refs[0], timeout=self.link.timeouts.memory_s)
             payload = load_snapshot(files, manifest, rank, chosen)
             return payload if isinstance(payload, dict) else None
-        except Exception as exc:  # lost with its node, corrupt, timed out: the disk serves
-            logger.warning("rayguard: rank %d: memory copy of rank %d's shard of %s unusable "
-                           "(%s: %s); reading the disk", me, rank, chosen, type(exc).__name__,
-                           str(exc)[:300])
+        except Exception as exc:  # lost with its node, corrupt, timed out: the next copy
+            logger.warning("rayguard: rank %d: %s memory copy (node %s) of rank %d's shard of "
+                           "%s unusable (%s: %s)", self.link.ctx.rank, which, node[:12], rank,
+                           chosen, type(exc).__name__, str(exc)[:300])
             return None
 
 
-def _tier_fields(oks: list[bool], skipped_hashing: bool) -> dict[str, Any]:
-    """The ``restored`` event's fields: which tier each rank read."""
+def _tier_fields(oks: list[bool], skipped_hashing: bool,
+                 served: list[str | None] | None = None) -> dict[str, Any]:
+    """The ``restored`` event's fields: which tier each rank read and, of those that read
+    memory, which copy served them (``copy``: "own", "peer", or "mixed" with ``copies``)."""
     tiers = ["memory" if ok else "disk" for ok in oks]
     tier = tiers[0] if len(set(tiers)) == 1 else "mixed"
     fields: dict[str, Any] = {"tier": tier}
@@ -224,6 +252,12 @@ def _tier_fields(oks: list[bool], skipped_hashing: bool) -> dict[str, Any]:
         fields["tiers"] = tiers
     if skipped_hashing:
         fields["disk_hashing_skipped"] = True
+    copies = [c if ok else None for ok, c in zip(oks, served or [None] * len(oks), strict=True)]
+    used = {c for c in copies if c is not None}
+    if used:
+        fields["copy"] = used.pop() if len(used) == 1 else "mixed"
+        if fields["copy"] == "mixed" or tier == "mixed":
+            fields["copies"] = copies
     return fields
 
 
@@ -238,5 +272,7 @@ def _wait_pending() -> None:
 
 
 def flush() -> None:
-    """Wait for the background registration (tests, benchmarks, end of a worker)."""
+    """Wait for the background registration and peer copy (tests, benchmarks, end of a
+    worker)."""
     _wait_pending()
+    wait_idle()

@@ -1,8 +1,10 @@
 """The in-memory checkpoint tier on a simulated two-node cluster (one training worker per
 node, the coordinator on a head node that never dies): a worker killed -> the restart
-restores from memory; a memory copy that does not match the manifest -> that rank reads the
-disk; a node removed -> its ranks read the disk. Every run ends with weights bitwise equal to
-a fault-free run (the exact-resume check of test_recovery_exact.py)."""
+restores from memory (each rank from the copy of the node that saved it); a memory copy that
+does not match the manifest -> the peer's copy serves; both copies that do not -> the disk;
+both nodes removed (every copy gone) -> the ranks read the disk. Every run ends with weights
+bitwise equal to a fault-free run (the exact-resume check of test_recovery_exact.py). A
+single node's loss, served by the peer copies: test_memory_peer.py."""
 
 from __future__ import annotations
 
@@ -89,9 +91,12 @@ class Run:
         def both() -> str | None:
             committed = ray.get(coordinator.memory_committed.remote())
             held = [p for p, _, _ in ray.get(coordinator.memory_held.remote()) if p == committed]
-            return committed if committed.endswith(f"{HOLD:09d}_a0") and len(held) == 2 else None
+            peers = [p for p, _, _ in ray.get(coordinator.memory_peers.remote())
+                     if p == committed]
+            return (committed if committed.endswith(f"{HOLD:09d}_a0") and len(held) == 2
+                    and len(peers) == 2 else None)
 
-        path = wait_for(both, timeout_s=300, what=f"both copies of step {HOLD}")
+        path = wait_for(both, timeout_s=300, what=f"both ranks' two copies of step {HOLD}")
         return path
 
     def finish(self):
@@ -139,6 +144,24 @@ def test_worker_killed_restores_from_memory(clean, tmp_path):
     restored = _restored(events)
     assert restored["step"] == 4
     assert restored["tier"] == "memory" and restored.get("disk_hashing_skipped") is True
+    assert restored["copy"] == "own"  # every node is alive: the copy where it was saved
+
+
+@pytest.mark.timeout(900)
+def test_an_own_copy_that_does_not_match_the_manifest_is_served_by_the_peer(clean, tmp_path):
+    import ray
+
+    run = Run(tmp_path, "corrupt_own", faults="kill:rank=1,step=5", hold=True)
+    run.held_at_hold()
+    assert ray.get(run.trainer._coordinator.memory_corrupt_for_test.remote(0, ("own",)))
+    weights, events = run.finish()
+    assert _equal(weights, clean)
+    restored = _restored(events)
+    assert restored["step"] == 4
+    # rank 0's own copy failed its sha256 check, its peer copy verified: both ranks (rank 1
+    # restores rank 0's replicated shard too) read rank 0's shard from the peer copy
+    assert restored["tier"] == "memory" and restored.get("disk_hashing_skipped") is True
+    assert restored["copy"] == "peer"
 
 
 @pytest.mark.timeout(900)
@@ -152,22 +175,25 @@ def test_copy_that_does_not_match_the_manifest_is_read_from_disk(clean, tmp_path
     assert _equal(weights, clean)
     restored = _restored(events)
     assert restored["step"] == 4
-    # rank 0's copy failed its sha256 check: the checkpoint was verified on disk in full, and
+    # both of rank 0's copies failed their sha256 check: the checkpoint was verified on disk
+    # in full, and
     # both ranks read it there (rank 1 saved no state: it restores rank 0's replicated shard)
     assert restored["tier"] == "disk"
     assert "disk_hashing_skipped" not in restored
 
 
 @pytest.mark.timeout(900)
-def test_node_removed_its_ranks_read_the_disk(clean, cluster, tmp_path):
+def test_both_nodes_removed_their_ranks_read_the_disk(clean, cluster, tmp_path):
     import ray
 
     run = Run(tmp_path, "node", hold=True)
     path = run.held_at_hold()
     held = ray.get(run.trainer._coordinator.memory_held.remote())
-    lost_node = cluster.remove_worker_node(0)
-    lost_ranks = sorted(r for p, r, n in held if p == path and n == lost_node)
-    assert lost_ranks, held
+    # every shard has a copy on each node (its own and its peer's): both nodes lost, none left
+    lost_nodes = {cluster.remove_worker_node(0), cluster.remove_worker_node(0)}
+    lost_ranks = sorted(r for p, r, n in held if p == path and n in lost_nodes)
+    assert lost_ranks == [0, 1], held
+    cluster.add_worker_node()
     cluster.add_worker_node()
     weights, events = run.finish()
     assert _equal(weights, clean)
