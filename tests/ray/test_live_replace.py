@@ -36,6 +36,7 @@ def clean(ray_local_module, tmp_path_factory):
     return weights
 
 
+@pytest.mark.compat  # Ray's replica-group replacement is an internal: the oldest Ray too
 @pytest.mark.parametrize("victim", [1, 0])
 def test_killed_worker_is_replaced_alone(clean, tmp_path, victim):
     weights, events, entered = _fit(tmp_path, f"kill{victim}",
