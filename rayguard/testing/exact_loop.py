@@ -74,4 +74,33 @@ def exact_loop(config: dict[str, Any]) -> None:
         torch.save(model.state_dict(), config["out"])
 
 
-__all__ = ["exact_loop", "read_lines"]
+def fit_exact(tmp_path: Any, name: str, *, steps: int, faults: str | None = None,
+              recovery: Any = "live", mode: Any = "sync", memory_tier: bool = False,
+              num_workers: int = 2, **run_kwargs: Any) -> tuple[Any, list[dict[str, Any]],
+                                                                list[dict[str, Any]]]:
+    """Run :func:`exact_loop` for ``steps`` under ``RobustTrainer`` (seed 0, NUMA off) in
+    ``tmp_path``; returns rank 0's final weights, the run's events and the entries of
+    every rank into the function."""
+    import torch
+
+    import rayguard
+    from rayguard.events import read as read_events
+    from rayguard.testing.recorder import make_trainer
+
+    out, log = str(tmp_path / f"{name}.pt"), str(tmp_path / f"{name}.jsonl")
+    guard = rayguard.GuardConfig(seed=0, faults=faults, numa="off", recovery=recovery,
+                                 checkpoint=rayguard.CheckpointConfig(mode=mode,
+                                                                      memory_tier=memory_tier))
+    result = make_trainer(exact_loop, tmp_path, config={"steps": steps, "out": out, "log": log},
+                          guard=guard, name=name, num_workers=num_workers, **run_kwargs).fit()
+    return torch.load(out, weights_only=True), read_events(result.path), read_lines(log)
+
+
+def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two state dicts bitwise equal."""
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+__all__ = ["exact_loop", "fit_exact", "read_lines", "same_weights"]

@@ -9,7 +9,7 @@ import torch
 
 import rayguard
 from rayguard.events import read as read_events
-from rayguard.testing.exact_loop import exact_loop, read_lines
+from rayguard.testing.exact_loop import exact_loop, fit_exact, same_weights
 from rayguard.testing.recorder import make_trainer
 
 STEPS = 10
@@ -17,16 +17,8 @@ STEPS = 10
 
 def _fit(tmp_path, name, faults=None, recovery="live", memory_tier=False, num_workers=2,
          **run_kwargs):
-    out, log = str(tmp_path / f"{name}.pt"), str(tmp_path / f"{name}.jsonl")
-    guard = rayguard.GuardConfig(seed=0, faults=faults, numa="off", recovery=recovery,
-                                 checkpoint=rayguard.CheckpointConfig(memory_tier=memory_tier))
-    result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out, "log": log},
-                          guard=guard, name=name, num_workers=num_workers, **run_kwargs).fit()
-    return torch.load(out, weights_only=True), read_events(result.path), read_lines(log)
-
-
-def _equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return fit_exact(tmp_path, name, steps=STEPS, faults=faults, recovery=recovery,
+                     memory_tier=memory_tier, num_workers=num_workers, **run_kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +33,7 @@ def clean(ray_local_module, tmp_path_factory):
 def test_killed_worker_is_replaced_alone(clean, tmp_path, victim):
     weights, events, entered = _fit(tmp_path, f"kill{victim}",
                                     faults=f"kill:rank={victim},step=5")
-    assert _equal(weights, clean)
+    assert same_weights(weights, clean)
     kinds = [e["kind"] for e in events]
     assert kinds.count("worker_died") == 1 and kinds[-1] == "finished", kinds
     restart = next(e for e in events if e["kind"] == "restart")
@@ -65,7 +57,7 @@ def test_killed_worker_is_replaced_alone(clean, tmp_path, victim):
 def test_exception_on_one_rank_replaces_it_alone(clean, tmp_path):
     weights, events, entered = _fit(tmp_path, "raise", faults="raise:rank=1,step=6",
                                     memory_tier=True)
-    assert _equal(weights, clean)
+    assert same_weights(weights, clean)
     restart = [e for e in events if e["kind"] == "restart"]
     assert [e["path"] for e in restart] == ["live"] and restart[0]["ranks"] == [1]
     died = [e for e in events if e["kind"] == "worker_died"]
@@ -84,7 +76,7 @@ def test_second_kill_during_recovery(clean, tmp_path):
     # load, is released and rejoins a second replacement.
     weights, events, entered = _fit(tmp_path, "twice",
                                     faults="kill:rank=1,step=5;kill:rank=1,at=load,attempt=1")
-    assert _equal(weights, clean)
+    assert same_weights(weights, clean)
     kinds = [e["kind"] for e in events]
     assert kinds.count("worker_died") == 2 and kinds[-1] == "finished", kinds
     restarts = [e for e in events if e["kind"] == "restart"]
@@ -105,7 +97,7 @@ def test_hang_with_the_gil_released(clean, tmp_path):
     result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out, "log": log},
                           guard=guard, name="hang").fit()
     events = read_events(result.path)
-    assert _equal(torch.load(out, weights_only=True), clean)
+    assert same_weights(torch.load(out, weights_only=True), clean)
     restarts = [e.get("path") for e in events if e["kind"] == "restart"]
     assert restarts == ["live"], restarts
     stalled = [e["rank"] for e in events if e["kind"] == "stall_detected"]
@@ -121,7 +113,7 @@ def test_the_middle_rank_of_three_is_replaced_alone(ray_local_module, tmp_path):
                                     num_workers=3,
                                     failure_config=FailureConfig(max_failures=2,
                                                                  controller_failure_limit=0))
-    assert _equal(weights, clean)
+    assert same_weights(weights, clean)
     restart = [e for e in events if e["kind"] == "restart"]
     assert [(e["path"], e["ranks"]) for e in restart] == [("live", [1])], restart
     for rank in (0, 2):  # both survivors kept their processes
