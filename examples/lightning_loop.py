@@ -99,6 +99,9 @@ def main() -> None:
                         help='rayguard fault injection, e.g. "kill:rank=1,step=24" (SIGKILL '
                              'rank 1 at its report of global step 24, the end of epoch 2: the '
                              'run resumes from the end of epoch 1)')
+    parser.add_argument("--recovery", choices=("restart", "live"), default="restart",
+                        help='"live": a failed worker is replaced alone and a NaN rolls back in '
+                             "place; the other workers keep their processes")
     args = parser.parse_args()
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
@@ -108,7 +111,7 @@ def main() -> None:
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=args.storage_path,
                              name=time.strftime("run-%Y%m%d-%H%M%S")),
-        guard_config=rayguard.GuardConfig(faults=args.faults),
+        guard_config=rayguard.GuardConfig(faults=args.faults, recovery=args.recovery),
     )
     result = trainer.fit()
     print(f"\nfinished: train_loss {result.metrics['train_loss']:.4f} "

@@ -37,7 +37,8 @@ class FiniteGuard:
         if decision.ok:
             return False
         deferred = defer and decision.action != "fail"
-        self.link.record("nan_detected", f"{decision.reason}; policy {health.nan_policy}",
+        self.link.record("nan_detected", f"{decision.reason}; policy {health.nan_policy}"
+                         + (" (every rank rolls back in place)" if deferred else ""),
                          step=step, wait=True, value=str(decision.value),
                          path="in_place" if deferred else "restart")
         if deferred:

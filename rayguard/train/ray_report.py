@@ -88,7 +88,9 @@ class Observer(Protocol):
     last_step: int
 
     def observe(self, metrics: dict[str, Any], *, step: int | None = None,
-                state: Any = None) -> tuple[dict[str, Any], int]: ...
+                state: Any = None, defer_nan: bool = False) -> tuple[dict[str, Any], int]: ...
+
+    def agree_finite(self, step: int) -> None: ...
 
     def observed(self, metrics: dict[str, Any], step: int, seconds: float) -> None: ...
 
@@ -101,8 +103,11 @@ class RayReportBridge:
     ``forwarder`` in order; ``collective`` and ``store`` are the checkpointer's."""
 
     def __init__(self, observer: Observer, link: RunLink, forwarder: Forwarder,
-                 collective: Collective, store: CheckpointStore, inner: Any) -> None:
+                 collective: Collective, store: CheckpointStore, inner: Any, *,
+                 in_place: bool = False) -> None:
         self.observer = observer
+        self.in_place = in_place
+        """``GuardConfig(recovery="live")``: a NaN/inf rolls every rank back in place."""
         self.link = link
         self.forwarder = forwarder
         self.collective = collective
@@ -111,6 +116,9 @@ class RayReportBridge:
         """Ray's own ``TrainFnUtils`` of this worker."""
         self.count = 0
         self._chosen: Any = _UNSET
+        self._offered: Any = _UNSET
+        """After an in-place rollback of a ``ray.train.report`` loop: the checkpoint the
+        next ``get_checkpoint()`` chooses from (``_UNSET``: Ray's own)."""
 
     # -- report -----------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Any = None,
@@ -120,8 +128,11 @@ class RayReportBridge:
                checkpoint_upload_fn: Any = None, validation: Any = False) -> None:
         observer, link = self.observer, self.link
         started = time.perf_counter()
-        observed, step = observer.observe(metrics, step=report_step(metrics, observer.last_step))
+        observed, step = observer.observe(metrics, step=report_step(metrics, observer.last_step),
+                                          defer_nan=self.in_place)
         self.count += 1
+        if self.in_place:  # nothing of a NaN report is sealed or reaches Ray
+            observer.agree_finite(step)
         tag = f"ray-report{self.count}"
         directory = local_directory(checkpoint)
         writer = False
@@ -137,6 +148,8 @@ class RayReportBridge:
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
             delete_local_checkpoint_after_upload, checkpoint_upload_fn, validation)
         self.forwarder.wait(future, link.progress)
+        if checkpoint is not None:  # Ray's get_checkpoint() has it now
+            self._offered = _UNSET
         if writer:
             self._persisted(step, checkpoint.path)
         seconds = time.perf_counter() - started
@@ -189,21 +202,38 @@ class RayReportBridge:
     def get_checkpoint(self) -> Any:
         """The newest reported checkpoint that verifies (``None``: a fresh start)."""
         if self._chosen is _UNSET:
-            latest = self.inner.get_checkpoint()
+            latest = self.inner.get_checkpoint() if self._offered is _UNSET else self._offered
             self._chosen = None if latest is None else self._agreed_choice(latest)
         return self._chosen
 
-    def rolled_back(self, path: str | None) -> None:
+    def rolled_back(self, path: str | None, *, reported: bool = False) -> None:
         """An in-place rollback (:mod:`rayguard.train.rollback`): from now on
         ``get_checkpoint()`` answers the last committed checkpoint handed to Ray (``path``;
-        ``None``: none since this process started, the one it started from stays)."""
+        ``None``: none since this process started, the one it started from stays).
+        ``reported``: ``path`` is the newest checkpoint the loop reported through
+        ``ray.train.report`` (the same on every rank); the next ``get_checkpoint()`` chooses
+        again from it, under the new attempt, so it is verified before it is offered and a
+        damaged one falls back to the one before (``None``: nothing reported, a fresh
+        start)."""
+        if reported:
+            self._offered = None if path is None else self._checkpoint(path)
+            self._chosen = _UNSET
+            return
         if path is None:
             return
+        self._chosen = self._checkpoint(path)
+
+    def latest_reported(self) -> str | None:
+        """The newest checkpoint this rank reported to Ray (Ray's ``get_checkpoint()``)."""
+        latest = self._offered if self._offered is not _UNSET else self.inner.get_checkpoint()
+        return None if latest is None else str(latest.path)
+
+    def _checkpoint(self, path: str) -> Any:
         from ray.train import Checkpoint
 
         fs = self.store.fs
-        self._chosen = Checkpoint.from_directory(path) if fs is None else Checkpoint(
-            path=path, filesystem=fs)
+        return Checkpoint.from_directory(path) if fs is None else Checkpoint(path=path,
+                                                                             filesystem=fs)
 
     def _agreed_choice(self, latest: Any) -> Any:
         link = self.link

@@ -37,9 +37,12 @@ class RollBack(BaseException):
     was NaN/inf: not an ``Exception``, so that a loop's ``except Exception`` does not stop
     it on its way to the set-up wrapper."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, *, reported: bool = False) -> None:
         super().__init__(step)
         self.step = step
+        self.reported = reported
+        """Raised at a ``ray.train.report``: the loop resumes from the last checkpoint it
+        reported to Ray (``ray.train.get_checkpoint()``, verified again)."""
         self.seen_at = time.time()
 
 
@@ -91,7 +94,11 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
                                   "repeats": decision.repeats})
         mine = (decision.ok, decision.reason, link.new_attempt() if decision.ok else None,
                 pending or session.forwarding.last_path)  # a commit returns to rank 0 only
-    ok, reason, attempt, path = link.gather(f"rollback{session.report_count}", mine)[0]
+    reported = bridge.latest_reported() if rollback.reported else None
+    answers = link.gather(f"rollback{session.report_count}-{bridge.count}", (mine, reported))
+    ok, reason, attempt, path = answers[0][0]
+    if rollback.reported:  # the newest reported: rank 0's, else the lowest rank that has one
+        path = next((r for _, r in answers if r), None)
     if not ok:
         raise FatalNonFiniteMetricError(
             f"rank {ctx.rank} on node {ctx.node_id}: {reason}; the run ends. Fix: lower the "
@@ -105,7 +112,7 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
     session.end_attempt_steps()  # the steps so far are the old attempt's (goodput)
     ctx.attempt = attempt
     session.injector.attempt = attempt
-    bridge.rolled_back(path)
+    bridge.rolled_back(path, reported=rollback.reported)
     if ctx.rank == 0:
         link.record("attempt_started", f"attempt {attempt} started in place with "
                     f"{ctx.world_size} worker(s)", world_size=ctx.world_size,

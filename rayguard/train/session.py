@@ -97,6 +97,16 @@ class WorkerSession:
         if summary is not None:
             self._send_summary(summary)
 
+    def agree_finite(self, step: int) -> None:
+        """A ``ray.train.report`` under ``GuardConfig(recovery="live")``, before anything of
+        it is sealed or handed to Ray: when any rank's watched metric was NaN/inf
+        (:meth:`observe` with ``defer_nan``), every rank raises :class:`RollBack` here and
+        re-enters the training function in its own process."""
+        flags = self.agreement.agree(Flags(nonfinite=self.nonfinite))
+        if flags.nonfinite:
+            self.nonfinite = False
+            raise RollBack(step, reported=True)
+
     def paced(self, *, checkpointed: bool, seconds: float) -> None:
         """A ``ray.train.report`` was handled (every rank makes it: Ray's report is a
         collective). With ``CheckpointConfig(interval=True)`` rank 0's interval flag rides on

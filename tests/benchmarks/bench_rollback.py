@@ -2,7 +2,8 @@
 restart (``"restart"``), RobustTrainer, 2 CPU workers, DDP on gloo.
 
 A loss of NaN is injected on rank 0 at step ``--nan-step``; every step is checkpointed
-(``--memory-tier`` keeps the copy in memory too). Printed per mode: the seconds from the NaN
+(``--memory-tier`` keeps the copy in memory too; ``--loop ray``: a loop that reports its
+checkpoints through ``ray.train.report`` instead of ``rayguard.train.report(state=)``). Printed per mode: the seconds from the NaN
 step's report to the same step done again after the recovery (rank 0's clock), the run's
 wall time, and whether every rank kept its process. Target (live): <= 1 s. Run under the
 shared lock:
@@ -49,6 +50,43 @@ def loop(config):
     dist.barrier()
 
 
+def ray_loop(config):
+    """The same steps, written as Ray's docs write a loop: rank 0 reports a checkpoint at
+    every step with ``ray.train.report``, every rank resumes from ``ray.train.get_checkpoint()``."""
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    rank = ray.train.get_context().get_world_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    start, checkpoint = 0, ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            saved = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optim"])
+        start = saved["step"] + 1
+    for step in range(start, config["steps"]):
+        loss = ddp(torch.randn(32, 64)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with open(config["log"], "a") as f:
+            f.write(json.dumps({"rank": rank, "pid": os.getpid(), "step": step,
+                                "t": time.time()}) + "\n")
+        with tempfile.TemporaryDirectory() as d:
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optim": opt.state_dict(),
+                            "step": step}, os.path.join(d, "state.pt"))
+            ray.train.report({"loss": loss.item(), "step": step},
+                             checkpoint=ray.train.Checkpoint.from_directory(d) if rank == 0
+                             else None)
+    dist.barrier()
+
+
 def run(recovery: str, args: argparse.Namespace, root: str) -> dict:
     from ray.train import RunConfig, ScalingConfig
 
@@ -60,7 +98,7 @@ def run(recovery: str, args: argparse.Namespace, root: str) -> dict:
                                  checkpoint=rayguard.CheckpointConfig(
                                      memory_tier=args.memory_tier))
     started = time.perf_counter()
-    rayguard.RobustTrainer(loop, train_loop_config={"steps": args.steps, "log": log},
+    rayguard.RobustTrainer(ray_loop if args.loop == "ray" else loop, train_loop_config={"steps": args.steps, "log": log},
                            scaling_config=ScalingConfig(num_workers=2),
                            run_config=RunConfig(storage_path=root, name=recovery),
                            guard_config=guard).fit()
@@ -78,6 +116,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--nan-step", type=int, default=15)
     parser.add_argument("--memory-tier", action="store_true")
+    parser.add_argument("--loop", choices=("rayguard", "ray"), default="rayguard",
+                        help='"ray": the loop reports checkpoints with ray.train.report')
     args = parser.parse_args()
     import ray
 

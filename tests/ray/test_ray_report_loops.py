@@ -68,6 +68,8 @@ def ray_loop(config):
             weights, start = saved["weights"], saved["step"] + 1
         with open(os.path.join(config["marker_dir"], f"resumed-{rank}-{start}"), "w"):
             pass
+    with open(os.path.join(config["marker_dir"], f"entered-{rank}"), "a") as f:
+        f.write(f"{os.getpid()} {start}\n")  # the function may run twice in one process
     for step in range(start, STEPS):
         time.sleep(config.get("sleep_s", 0.0))
         weights = weights + step * 0.5  # the same update on every rank, from the step alone
@@ -359,3 +361,27 @@ def test_live_recovery_of_a_ray_report_loop(ray_local, tmp_path):
     events = read_events(trainer.run_dir)
     assert [e.get("path") for e in events if e["kind"] == "restart"] == ["live"]
     assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1]
+
+
+def test_a_nan_in_a_ray_report_loop_rolls_back_in_place_under_live_recovery(ray_local,
+                                                                           tmp_path):
+    # GuardConfig(recovery="live"): every rank agrees at the NaN's report and re-enters the
+    # loop in its own process; ray.train.get_checkpoint() then answers rank 0's last reported
+    # checkpoint on both ranks (rank 1 never reported one), verified again. Ray never restarts.
+    trainer, marker = _run(tmp_path, "nanlive", rayguard.GuardConfig(recovery="live"), nan_at=6)
+    result = trainer.fit()
+    assert result.error is None
+    assert _final(marker) == [expected_weights()] * 2
+    for rank in (0, 1):
+        entries = [line.split() for line in (marker / f"entered-{rank}").read_text().split("\n")
+                   if line]
+        assert [start for _, start in entries] == ["0", "6"], entries  # from the step-5 one
+        assert entries[0][0] == entries[1][0]  # the same process both times
+    events = read_events(trainer.run_dir)
+    kinds = [e["kind"] for e in events]
+    assert "worker_died" not in kinds, kinds
+    restart = [e for e in events if e["kind"] == "restart"]
+    assert [(e["path"], e["step"]) for e in restart] == [("in_place", 6)], restart
+    assert [e["path"] for e in events if e["kind"] == "nan_detected"] == ["in_place"]
+    offered = [e for e in events if e["kind"] == "restored" and e["attempt"] == 1]
+    assert len(offered) == 1 and offered[0]["step"] == 5 and offered[0]["verified"], offered

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 import rayguard
@@ -14,6 +15,7 @@ from rayguard.checkpoint.interval import IntervalBounds, IntervalPolicy
 from rayguard.train.context import GuardContext
 from rayguard.train.pacing import CheckpointPacing
 from rayguard.train.ray_report import RayReportBridge
+from rayguard.train.rollback import RollBack
 from rayguard.train.setup import build_session
 
 
@@ -65,13 +67,19 @@ def test_a_loop_that_never_asks_is_left_alone_and_interval_false_turns_it_off(tm
 
 class _Observer:
     last_step = -1
+    nan_at: tuple[int, ...] = ()
 
     def __init__(self) -> None:
         self.paced_calls: list[tuple[bool, float]] = []
 
     def observe(self, metrics: dict[str, Any], *, step: int | None = None,
-                state: Any = None) -> tuple[dict[str, Any], int]:
+                state: Any = None, defer_nan: bool = False) -> tuple[dict[str, Any], int]:
+        self.deferred = defer_nan
         return metrics, 0 if step is None else step
+
+    def agree_finite(self, step: int) -> None:
+        if step in self.nan_at:  # as if some rank saw NaN at this report
+            raise RollBack(step, reported=True)
 
     def observed(self, metrics: dict[str, Any], step: int, seconds: float) -> None:
         pass
@@ -102,6 +110,13 @@ class _Inner:
 
     def report(self, metrics: dict[str, Any], checkpoint: Any, *args: Any) -> None:
         self.reports.append(metrics)
+        if checkpoint is not None:
+            self.checkpoint = checkpoint
+
+    checkpoint: Any = None
+
+    def get_checkpoint(self) -> Any:
+        return self.checkpoint
 
 
 def test_the_bridge_tells_the_session_of_every_report():
@@ -112,3 +127,44 @@ def test_the_bridge_tells_the_session_of_every_report():
     assert [c for c, _ in observer.paced_calls] == [False, True]
     assert all(s >= 0 for _, s in observer.paced_calls)
     assert inner.reports == [{"step": 3}, {"step": 4}]
+
+
+class _Reported:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def test_under_live_recovery_a_nan_report_reaches_neither_ray_nor_the_pacing():
+    observer, inner = _Observer(), _Inner()
+    observer.nan_at = (5,)
+    bridge = RayReportBridge(observer, _Link(), _Forwarder(), None, None, inner,  # type: ignore[arg-type]
+                             in_place=True)
+    bridge.report({"step": 4}, checkpoint=_Reported("/x/checkpoint_4"))
+    assert observer.deferred
+    with pytest.raises(RollBack) as raised:
+        bridge.report({"step": 5, "loss": float("nan")})
+    assert raised.value.reported and raised.value.step == 5
+    assert inner.reports == [{"step": 4}]  # the NaN report never reached Ray's
+    assert len(observer.paced_calls) == 1
+    assert bridge.latest_reported() == "/x/checkpoint_4"
+
+
+def test_after_a_rollback_get_checkpoint_chooses_again_from_the_agreed_path(monkeypatch):
+    inner = _Inner()  # this rank never reported a checkpoint (rank 0 did)
+    bridge = RayReportBridge(_Observer(), _Link(), _Forwarder(), None, _Store(), inner)  # type: ignore[arg-type]
+    assert bridge.latest_reported() is None
+    chosen: list[str] = []
+    monkeypatch.setattr(bridge, "_agreed_choice", lambda latest: chosen.append(latest.path)
+                        or latest)
+    bridge.rolled_back("/run/checkpoint_5", reported=True)
+    assert bridge.get_checkpoint().path == "/run/checkpoint_5"
+    assert chosen == ["/run/checkpoint_5"]  # verified again under the new attempt
+    assert bridge.latest_reported() == "/run/checkpoint_5"
+    bridge.report({"step": 8}, checkpoint=_Reported("/run/checkpoint_8"))
+    assert bridge.latest_reported() == "/run/checkpoint_8"  # Ray's own again
+    bridge.rolled_back(None, reported=True)  # nothing reported anywhere: a fresh start
+    assert bridge.get_checkpoint() is None
+
+
+class _Store:
+    fs = None
