@@ -13,6 +13,7 @@ from rayguard import train
 from rayguard.config import CheckpointConfig, GuardConfig
 from rayguard.exceptions import ConfigError, RayGuardError
 from rayguard.health.config import HealthConfig
+from rayguard.health.divergence import DivergenceConfig
 from rayguard.health.sweep_config import SweepHealthConfig
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CheckpointConfig",
     "ConfigError",
+    "DivergenceConfig",
     "GuardConfig",
     "HealthConfig",
     "RayGuardError",

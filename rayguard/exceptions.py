@@ -114,6 +114,11 @@ class NonFiniteMetricError(HealthError):
     """A watched metric was NaN or inf."""
 
 
+class DivergedMetricError(NonFiniteMetricError):
+    """A watched metric diverged (``HealthConfig(divergence=...)``): handled as a NaN is,
+    and counted under the same cause (``nan``: an unhealthy metric)."""
+
+
 class FatalNonFiniteMetricError(NonFiniteMetricError):
     """NaN/inf with ``nan_policy="fail"``: the run ends without a retry."""
 

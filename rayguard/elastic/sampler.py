@@ -32,6 +32,7 @@ from torch.utils.data import Sampler
 
 from rayguard.elastic.geometry import grad_accum_steps
 from rayguard.exceptions import ConfigError, config_error
+from rayguard.health.divergence import take_data_skip
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
@@ -146,7 +147,10 @@ class ElasticSampler(Sampler[int]):
                 "seed": self.seed}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at a saved position; the world size may differ from the saving run's."""
+        """Resume at a saved position; the world size may differ from the saving run's.
+        After a restore from before a divergence (``HealthConfig(divergence=...)``), the
+        cursor then moves past the steps that diverged
+        (``rayguard.train.get_context().data_skip_steps``)."""
         for key in ("num_samples", "seed"):
             if key in state and state[key] != getattr(self, key):
                 raise ConfigError(
@@ -158,6 +162,9 @@ class ElasticSampler(Sampler[int]):
             raise ConfigError(f"ElasticSampler.load_state_dict(): cursor={cursor} outside "
                               f"[0, {self.num_samples}]. Fix: pass a state from state_dict()")
         self.epoch, self.cursor = int(state["epoch"]), cursor
+        skip = take_data_skip()  # a rollback past a divergence leaves its data out
+        if skip:
+            self.advance(min(skip, self.steps_remaining()))
 
     # -- indices ------------------------------------------------------------------------
     def micro_batches(self) -> list[list[int]]:

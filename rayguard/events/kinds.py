@@ -19,6 +19,7 @@ RUN_KINDS = (
     "placement_wait",  # rayguard.controller.fence: a fixed-size run waits for admitted nodes
     "hang_diagnosed",  # rayguard.run.diagnosis: the one decision on a hang (culprits)
     "rejoined",  # rayguard.train.live: a rank joined a live recovery's process group
+    "diverged",  # rayguard.health.finite: the loss diverged (HealthConfig(divergence=))
 )
 
 # A sweep's kinds (the health callback of rayguard.tune).
@@ -40,7 +41,7 @@ SWEEP_KINDS = (SWEEP_STARTED, TRIAL_STARTED, UNHEALTHY, RESTART, RESTORED, FAILE
 KINDS = RUN_KINDS + tuple(k for k in SWEEP_KINDS if k not in RUN_KINDS)
 """Every kind a rayguard writer may record, runs' first."""
 
-NOTABLE_KINDS = frozenset({"worker_died", "restart", "stall_detected", "nan_detected",
+NOTABLE_KINDS = frozenset({"worker_died", "restart", "stall_detected", "nan_detected", "diverged",
                            "checkpoint_rejected", "crash_loop", "not_retried", "straggler",
                            "preemption_notice", "preemption_checkpoint",
                            "node_quarantined", "quarantine_lifted", "placement_wait",

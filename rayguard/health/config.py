@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rayguard.exceptions import config_error, strict_fields
+from rayguard.health.divergence import DivergenceConfig
 from rayguard.health.sweep_config import Mode, check_sweep_fields, sweep_fields_set
 
 NanPolicy = Literal["restart", "fail"]
@@ -63,6 +64,12 @@ class HealthConfig:
     nan_policy: NanPolicy = "restart"
     """On NaN/inf: ``"restart"`` from the last verified checkpoint before the bad value, or
     ``"fail"`` the run at once with a clear message."""
+
+    divergence: DivergenceConfig | None = None
+    """Judge the loss for divergence at every report (:mod:`rayguard.health.divergence`): a
+    value beyond ``factor`` x this rank's best and rolling median does what a NaN does
+    (``nan_policy``), and the rollback leaves out the data that diverged. ``None`` (default):
+    no divergence check. Sweeps have their own (``SweepHealthConfig.divergence_factor``)."""
 
     max_restarts: int = 3
     """Restarts allowed (health restarts; also Ray's ``max_failures`` when the user gave no
@@ -172,6 +179,10 @@ class HealthConfig:
         if self.nan_policy not in ("restart", "fail"):
             raise config_error("HealthConfig", "nan_policy", self.nan_policy,
                                'must be "restart" or "fail"', 'pass nan_policy="restart"')
+        if self.divergence is not None and not isinstance(self.divergence, DivergenceConfig):
+            raise config_error("HealthConfig", "divergence", self.divergence,
+                               "must be a rayguard.DivergenceConfig or None",
+                               "pass divergence=rayguard.DivergenceConfig(factor=10.0)")
         if not (isinstance(self.max_restarts, int) and not isinstance(self.max_restarts, bool)
                 and self.max_restarts >= 0):
             raise config_error("HealthConfig", "max_restarts", self.max_restarts,

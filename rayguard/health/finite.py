@@ -13,9 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rayguard.exceptions import FatalNonFiniteMetricError, NonFiniteMetricError
+from rayguard.exceptions import (
+    DivergedMetricError,
+    FatalNonFiniteMetricError,
+    NonFiniteMetricError,
+)
 from rayguard.health.config import HealthConfig
 from rayguard.health.decisions import check_finite
+from rayguard.health.divergence import DIVERGED_KEY, DivergenceWatch
 
 
 class FiniteGuard:
@@ -26,6 +31,8 @@ class FiniteGuard:
         self.health = health
         self.link = link
         self.flush = flush
+        self.divergence = None if health.divergence is None else DivergenceWatch(
+            health.divergence, health.watch_metrics)
 
     def check(self, metrics: dict[str, Any], step: int, *, defer: bool = False) -> bool:
         """Raise when a watched metric of this report is NaN or inf. ``defer``: with
@@ -35,7 +42,7 @@ class FiniteGuard:
         decision = check_finite(metrics, health.watch_metrics, policy=health.nan_policy,
                                 step=step)
         if decision.ok:
-            return False
+            return self._check_divergence(metrics, step, defer=defer)
         deferred = defer and decision.action != "fail"
         self.link.record("nan_detected", f"{decision.reason}; policy {health.nan_policy}"
                          + (" (every rank rolls back in place)" if deferred else ""),
@@ -50,3 +57,30 @@ class FiniteGuard:
         ctx = self.link.ctx
         raise cls(f"rank {ctx.rank} on node {ctx.node_id}: {decision.reason}; {what}. "
                   "Fix: lower the learning rate, clip gradients, or check the data at that step.")
+
+    def _check_divergence(self, metrics: dict[str, Any], step: int, *, defer: bool) -> bool:
+        """A finite report judged for divergence (``HealthConfig(divergence=...)``): as a
+        NaN, ``diverged`` is recorded, then True (``defer``) or a raise; the step is kept at
+        the run's coordinator so that the restore leaves out the data that diverged."""
+        if self.divergence is None:
+            return False
+        reason = self.divergence.check(metrics, step)
+        if reason is None:
+            return False
+        health = self.health
+        fail = health.nan_policy == "fail"
+        deferred = defer and not fail
+        self.link.mark(DIVERGED_KEY, {"step": step})  # waited for: read after a restart
+        self.link.record("diverged", f"{reason}; policy {health.nan_policy}"
+                         + (" (every rank rolls back in place)" if deferred else ""),
+                         step=step, wait=True, path="in_place" if deferred else "restart",
+                         skip_data=self.divergence.config.skip_data)
+        if deferred:
+            return True
+        self.flush()
+        ctx = self.link.ctx
+        what = ("the run ends (nan_policy='fail')" if fail else
+                "the worker group restarts from the last verified checkpoint before it")
+        cls = FatalNonFiniteMetricError if fail else DivergedMetricError
+        raise cls(f"rank {ctx.rank} on node {ctx.node_id}: {reason}; {what}. Fix: lower the "
+                  "learning rate, clip gradients, or check the data at that step.")

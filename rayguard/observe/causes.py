@@ -21,10 +21,11 @@ from rayguard.failures.patterns import text_cause
 
 __all__ = ["CAUSES", "FAILURE_KINDS", "failure_cause", "hang_culprits", "legacy_cause"]
 
-FAILURE_KINDS = ("stall_detected", "nan_detected", "preflight_error", "worker_died", "crash_loop",
-                 "hang_diagnosed")
+FAILURE_KINDS = ("stall_detected", "nan_detected", "diverged", "preflight_error", "worker_died",
+                 "crash_loop", "hang_diagnosed")
 
-_BY_KIND = {"stall_detected": "hang", "nan_detected": "nan", "preflight_error": "preflight",
+_BY_KIND = {"stall_detected": "hang", "nan_detected": "nan", "diverged": "nan",
+            "preflight_error": "preflight",
             "hang_diagnosed": "hang"}
 
 

@@ -49,7 +49,7 @@ CAUSES = ("startup", "restart", "replay", "checkpoint", "stall", "preemption", "
 RESTART_PHASES = ("detection", "teardown", "worker_start", "setup", "load")
 """The phases of a restart, in order; they sum to the ``restart`` cause."""
 
-_SIGNS = ("stall_detected", "nan_detected", "preemption_notice", "preflight_error",
+_SIGNS = ("stall_detected", "nan_detected", "diverged", "preemption_notice", "preflight_error",
           "worker_died", "fault_injected", "crash_loop", "not_retried")
 """Kinds that show an attempt failing (the earliest one is when the failure was seen)."""
 

@@ -44,7 +44,8 @@ def step_time(steps: list[dict[str, Any]]) -> float | None:
     return total / covered if covered > 0 else total / intervals
 
 
-_REPORT_MARKS = ("fault_injected", "nan_detected", "checkpoint_committed", "preemption_notice")
+_REPORT_MARKS = ("fault_injected", "nan_detected", "diverged", "checkpoint_committed",
+                 "preemption_notice")
 """Kinds recorded at a report, with its step: two of them time the steps between."""
 
 

@@ -85,7 +85,7 @@ def event_updates(event: dict[str, Any]) -> list[Update]:
         return [_u("restarts", cause=event.get("cause") or "unknown")]
     if kind == "stall_detected":
         return [_u("stalls")]
-    if kind == "nan_detected":
+    if kind in ("nan_detected", "diverged"):
         return [_u("nan_events")]
     if kind == "checkpoint_rejected":
         return [_u("checkpoints_rejected")]

@@ -23,6 +23,7 @@ MAX_POINTS = 4000
 week-long run draws as fast as a short one."""
 
 FAULT_KINDS = {"worker_died": "died", "stall_detected": "hang", "nan_detected": "nan",
+               "diverged": "nan",
                "preflight_error": "preflight", "straggler": "straggler", "crash_loop": "crash_loop",
                "fault_injected": "injected", "hang_diagnosed": "culprit"}
 

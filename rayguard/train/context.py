@@ -40,6 +40,11 @@ class GuardContext:
     """This worker's rank in the previous attempt (``None``: new worker or first attempt)."""
     world_size_changed: bool = False
     """True when this attempt runs with a different world size than the previous one."""
+    data_skip_steps: int = 0
+    """After ``load_state()`` restored a checkpoint from before a divergence
+    (``HealthConfig(divergence=...)``): optimizer steps of data to leave out, those that
+    diverged. ``ElasticSampler.load_state_dict`` leaves them out by itself; a loop with its
+    own data order skips as many batches. 0: none."""
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,4 +1,5 @@
-"""NaN/inf rolled back in place (``GuardConfig(recovery="live")``): no worker restarts.
+"""NaN/inf (and divergence, ``HealthConfig(divergence=...)``) rolled back in place
+(``GuardConfig(recovery="live")``): no worker restarts.
 
 A rank that sees a non-finite watched metric at ``rayguard.train.report`` does not raise;
 it sets the ``nonfinite`` flag of the report's agreement (:mod:`rayguard.train.agreement`),
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayguard.exceptions import FatalNonFiniteMetricError
+from rayguard.health.divergence import DIVERGED_KEY
 
 ROLLBACKS_KEY = "in_place_rollbacks"
 """Coordinator key: the run's in-place rollbacks (rank 0 counts): ``{"count", "step",
@@ -59,7 +61,8 @@ class RollbackDecision:
 
 
 def plan_rollback(done: int, max_failures: int, *, step: int, last_step: int | None = None,
-                  repeats: int = 0, crash_loop_retries: int = 1) -> RollbackDecision:
+                  repeats: int = 0, crash_loop_retries: int = 1,
+                  what: str = "NaN/inf") -> RollbackDecision:
     """``done`` rollbacks so far, against Ray's restart budget (``-1``: unlimited), and the
     crash-loop rule: a NaN at the same step as the last rollback's (``last_step``) comes
     back bit for bit from the same checkpoint; more than ``crash_loop_retries`` such
@@ -68,12 +71,15 @@ def plan_rollback(done: int, max_failures: int, *, step: int, last_step: int | N
     repeats = repeats + 1 if step == last_step else 0
     if repeats > crash_loop_retries:
         return RollbackDecision(False, count, repeats, (
-            f"crash loop: NaN/inf at step {step} again after {repeats} in-place rollback(s) "
+            f"crash loop: {what} at step {step} again after {repeats} in-place rollback(s) "
             f"to the same checkpoint; HealthConfig(crash_loop_retries={crash_loop_retries}) "
-            "repeat(s) allowed"))
+            "repeat(s) allowed" + (
+                "; the replay read the same data: leave it out with ElasticSampler or "
+                "rayguard.train.get_context().data_skip_steps" if what == "divergence"
+                else "")))
     if 0 <= max_failures < count:
         return RollbackDecision(False, count, repeats, (
-            f"NaN/inf again: {done} in-place rollback(s) already, "
+            f"{what} again: {done} in-place rollback(s) already, "
             f"FailureConfig(max_failures={max_failures}) allows no more"))
     return RollbackDecision(True, count, repeats)
 
@@ -84,12 +90,16 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
     link, ctx = session.link, session.ctx
     started = time.time()
     pending = session.checkpointer.pending_commit()  # the checkpoint in flight commits first
-    mine = None
+    mine, what = None, "NaN/inf"
     if ctx.rank == 0:
+        if session.guard.health.divergence is not None and (
+                link.get(DIVERGED_KEY) or {}).get("step") == rollback.step:
+            what = "divergence"
         done = link.get(ROLLBACKS_KEY) or {}
         decision = plan_rollback(int(done.get("count", 0)), max_failures, step=rollback.step,
                                  last_step=done.get("step"), repeats=int(done.get("repeats", 0)),
-                                 crash_loop_retries=session.guard.health.crash_loop_retries)
+                                 crash_loop_retries=session.guard.health.crash_loop_retries,
+                                 what=what)
         link.mark(ROLLBACKS_KEY, {"count": decision.count, "step": rollback.step,
                                   "repeats": decision.repeats})
         mine = (decision.ok, decision.reason, link.new_attempt() if decision.ok else None,
@@ -105,7 +115,7 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
             "learning rate, clip gradients, or check the data at that step.")
     agreed = time.time()
     if ctx.rank == 0:
-        link.record("restart", f"NaN/inf at step {rollback.step}: every rank re-enters the "
+        link.record("restart", f"{what} at step {rollback.step}: every rank re-enters the "
                     f"training function in its own process (attempt {attempt})",
                     step=rollback.step, path="in_place",
                     phases={"agree_s": agreed - rollback.seen_at, "settle_s": agreed - started})

@@ -17,6 +17,7 @@ from rayguard.checkpoint.checkpointable import check_checkpointable
 from rayguard.config import GuardConfig
 from rayguard.faults import Fault, FaultInjector
 from rayguard.faults.injector import announcer
+from rayguard.health.divergence import DIVERGED_KEY, offer_data_skip, plan_skip
 from rayguard.health.finite import FiniteGuard
 from rayguard.health.watchdog import Watchdog
 from rayguard.observe.steps import StepTimer
@@ -158,11 +159,22 @@ class WorkerSession:
                                           on_chosen=self._loading)
         self.watchdog.heartbeat()
         self.timer.begin()
+        self._plan_data_skip(None if restored is None else restored.step)
         if restored is None:
             return None
         if restored.step is not None:
             self.last_step = restored.step
         return restored.state
+
+    def _plan_data_skip(self, restored_step: int | None) -> None:
+        """The steps of data this restore leaves out (``HealthConfig(divergence=...)``)."""
+        divergence = self.guard.health.divergence
+        if divergence is None or not divergence.skip_data:
+            return
+        diverged = self.link.get(DIVERGED_KEY) if restored_step is not None else None
+        steps = plan_skip(restored_step, (diverged or {}).get("step"))
+        self.ctx.data_skip_steps = steps
+        offer_data_skip(steps)
 
     def _loading(self, path: str | None) -> None:
         """The checkpoint this attempt reads (the crash-loop rule rejects one that every

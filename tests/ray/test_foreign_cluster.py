@@ -97,11 +97,12 @@ class ForeignCluster:
         if self.proc is None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
+        try:  # `ray start --block` takes ~30 s to stop gracefully; its session goes at once
+            self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+        self.proc = None
 
 
 @pytest.fixture

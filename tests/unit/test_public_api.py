@@ -13,8 +13,8 @@ from rayguard.exceptions import ConfigError
 # Every package's __all__: what users import. A change here is a change of the contract.
 PUBLIC = {
     "rayguard": [
-        "CheckpointConfig", "ConfigError", "GuardConfig", "HealthConfig", "RayGuardError",
-        "RobustTrainer", "SweepHealthConfig", "__version__", "train"],
+        "CheckpointConfig", "ConfigError", "DivergenceConfig", "GuardConfig", "HealthConfig",
+        "RayGuardError", "RobustTrainer", "SweepHealthConfig", "__version__", "train"],
     "rayguard.train": [
         "ElasticSampler", "GuardContext", "get_context", "heartbeat", "load_state", "report",
         "should_checkpoint"],
@@ -30,7 +30,7 @@ PUBLIC = {
         "ElasticSampler", "RankAssignment", "ReshardError", "WorkerSlot", "check_world_size",
         "grad_accum_steps", "largest_valid_at_most", "plan_ranks", "plan_state_sources",
         "scaled_lr", "valid_world_sizes"],
-    "rayguard.health": ["HealthConfig", "SweepHealthConfig"],
+    "rayguard.health": ["DivergenceConfig", "HealthConfig", "SweepHealthConfig"],
     "rayguard.doctor": [
         "CODES", "DoctorReport", "DoctorUnavailableError", "Finding", "check_node",
         "format_finding", "raise_on_errors", "run", "worker_preflight"],
