@@ -24,6 +24,7 @@ from ray.train.v2.api.config import (  # what ray.train exports under V2
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
 from rayguard._ray.live_backend import apply_live
+from rayguard._ray.spare import has_setup_hook, spare_env
 from rayguard._ray.train import GuardHooksTrainer  # a ray.train.torch.TorchTrainer
 from rayguard.config import GuardConfig
 from rayguard.constants import (
@@ -341,6 +342,9 @@ class RobustTrainer(GuardHooksTrainer):
             env_vars.setdefault(key, value)
         if self._cluster_address is not None:
             env_vars.setdefault(RAY_ADDRESS_ENV_VAR, self._cluster_address)
+        if self._live and self.guard_config.health.live_spare and not has_setup_hook(env_vars):
+            for key, value in spare_env().items():  # a warm spare process per node
+                env_vars.setdefault(key, value)
         if env_vars:
             worker_env["env_vars"] = env_vars
         wanted = {}
@@ -384,3 +388,4 @@ def _cluster_address() -> str | None:
 def _one_line(error: BaseException) -> str:
     lines = [line for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+

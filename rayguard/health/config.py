@@ -48,6 +48,12 @@ class HealthConfig:
     that a peer was lost (and then for the replacement to join) before it gives up and the
     whole worker group restarts instead."""
 
+    live_spare: bool = True
+    """``GuardConfig(recovery="live")``: keep one warm spare worker process on each node of
+    the run (an idle Ray worker with torch imported, a few hundred MB of host memory), so
+    that a replacement starts in it at once instead of in a new process
+    (:mod:`rayguard._ray.spare`). ``False``: no spare."""
+
     crash_loop_retries: int = 1
     """Restarts allowed for a failure that repeats: the same exception from the same frame on
     the same rank ending consecutive attempts with no checkpoint committed in between (or at
@@ -168,6 +174,9 @@ class HealthConfig:
             raise config_error("HealthConfig", "live_wait_s", self.live_wait_s,
                                "must be a number of seconds in (0, 3600]",
                                "pass e.g. live_wait_s=30")
+        if not isinstance(self.live_spare, bool):
+            raise config_error("HealthConfig", "live_spare", self.live_spare,
+                               "must be True or False", "pass live_spare=False to keep none")
         if not (isinstance(self.crash_loop_retries, int)
                 and not isinstance(self.crash_loop_retries, bool) and self.crash_loop_retries >= 0):
             raise config_error("HealthConfig", "crash_loop_retries", self.crash_loop_retries,

@@ -26,6 +26,7 @@ import socket
 import time
 from typing import Any
 
+from rayguard._ray.spare import touch
 from rayguard.constants import LIVE_PG_ENV_VAR
 from rayguard.exceptions import PeersLostError
 from rayguard.health.live import live_key, looks_like_peer_loss, opened_key, plan_rejoin
@@ -83,8 +84,13 @@ class LiveWatch:
         self._poll = link.fact_poll(live_key(link.ctx.attempt))
         self._abort = abort if abort is not None else _abort_nccl
         self.aborted = False
+        self._touched = float("-inf")
 
     def tick(self) -> None:
+        now = time.monotonic()
+        if now - self._touched > 5.0:  # the run still holds this node's spare process
+            self._touched = now
+            touch()
         if self.aborted:
             return
         try:
@@ -193,8 +199,9 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                     formed_at: float, phases: dict[str, float]) -> None:
     """This rank's ``rejoined`` event: its phases from the recovery's opening (the notice's
     time) to its process group. A replacement: ``process_start_s`` (the notice to its process
-    existing), ``imports_s`` (the process to rayguard's set-up: Ray's actor, imports, the
-    train context), ``setup_s`` (set-up to the rendezvous) and :func:`rendezvous`'s phases;
+    existing; 0 and ``spare=True`` when Ray gave it the node's warm spare,
+    :mod:`rayguard._ray.spare`), ``imports_s`` (from then to rayguard's set-up: Ray's actor,
+    imports, the train context), ``setup_s`` (set-up to the rendezvous) and :func:`rendezvous`'s phases;
     a survivor: ``wait_s`` (the notice to its set-up again), ``setup_s``, the same."""
     ctx = link.ctx
     try:
@@ -204,17 +211,44 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
     opened = notice.get("at")
     phases = {"setup_s": formed_at - setup_start_time, **phases}
     started = _process_started_at() if replacement else None
+    spare = None
     if replacement and started is not None:
-        phases["imports_s"] = setup_start_time - started
+        spare = opened is not None and started < opened  # a warm spare: it was waiting
+        begun = max(started, opened) if opened is not None else started
+        phases["imports_s"] = setup_start_time - begun
         if opened is not None:
-            phases["process_start_s"] = started - opened
+            phases["process_start_s"] = max(0.0, started - opened)
     elif opened is not None:
         phases["wait_s"] = setup_start_time - opened
     who = "replacement" if replacement else "survivor, same process"
     link.record("rejoined", f"rank {ctx.rank} ({who}) joined attempt {ctx.attempt}'s process "
-                "group", replacement=replacement, phases=phases, pid=os.getpid(),
-                ranks=notice.get("ranks"))
+                "group" + (" (in a warm spare process)" if spare else ""),
+                replacement=replacement, phases=phases, pid=os.getpid(),
+                ranks=notice.get("ranks"), **({} if spare is None else {"spare": spare}))
 
 
 __all__ = ["LiveWatch", "PG_KEY", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]
+
+
+def keep_spare(ctx: Any, infos: list[dict[str, Any]]) -> None:
+    """After set-up (every rank of the attempt has claimed its process): the lowest rank of
+    each node makes sure the node has a warm spare process (:mod:`rayguard._ray.spare`), in
+    the background."""
+    import threading
+
+    from rayguard._ray.spare import SPARE_DIR_ENV, ensure_spare
+
+    if not os.environ.get(SPARE_DIR_ENV):
+        return
+    mine = [i["rank"] for i in infos if i and i.get("node_id") == ctx.node_id]
+    if mine and ctx.rank == min(mine):
+        threading.Thread(target=ensure_spare, name="rayguard-spare", daemon=True).start()
+
+
+def release_spare(ctx: Any) -> None:
+    """The run's function returned on this rank: its node's spares are no longer needed."""
+    from rayguard._ray.spare import SPARE_DIR_ENV, release_spares
+
+    if os.environ.get(SPARE_DIR_ENV):
+        release_spares()

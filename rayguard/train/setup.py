@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rayguard._ray.spare import claim_process
 from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import PeersLostError, WorkerSetupError
@@ -32,6 +33,7 @@ from rayguard.train.context import GuardContext, set_context
 from rayguard.train.elastic_setup import apply_elastic, previous_assignment
 from rayguard.train.forwarder import Forwarder
 from rayguard.train.forwarding import ReportForwarding, ray_own_report
+from rayguard.train.live import keep_spare, release_spare
 from rayguard.train.memory_tier import MemoryTier
 from rayguard.train.pacing import pacing_for
 from rayguard.train.pinning import bind_numa, pin_cuda
@@ -242,6 +244,8 @@ class GuardedTrainFn:
                 set_active(False)
                 session.close()
                 set_context(None)
+                if self.live:
+                    release_spare(session.ctx)
                 return result
             finally:
                 if hook is not None:  # its optimizers' steps are no longer this session's
@@ -281,6 +285,7 @@ class GuardedTrainFn:
         from rayguard.logs import configure_logging, quiet_ray_reports
 
         setup_start_time = time.time()  # the set-up phase of a restart begins (goodput)
+        claim_process()  # a warm spare that Ray gave this worker is a spare no more
         configure_logging()
         quiet_ray_reports()
 
@@ -306,6 +311,8 @@ class GuardedTrainFn:
         bind_numa(ctx, self.guard, infos)
         pin_cuda(ctx, infos)
         live_path = self._form_group(link, setup_start_time, replacement=attempt is None)
+        if self.live:
+            keep_spare(ctx, infos)
         if live_path:  # the attempt's set-up began with its last rank's (the replacement's)
             setup_start_time = max(i.get("setup_start_time") or setup_start_time for i in infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed

@@ -17,7 +17,8 @@ preemption SIGTERM to rank 1 at ``--preempt``; each fires once per run) run unde
   (the Young/Daly interval), not every ``--every`` steps;
 - ``live``, ``live-memory``: RobustTrainer (sync; with the memory tier) with
   ``GuardConfig(recovery="live")``: a killed rank is replaced alone and rank 0 keeps its
-  process ("rank 0 processes" counts the processes rank 0's steps ran in);
+  process ("rank 0 processes" counts the processes rank 0's steps ran in); ``live-nospare``:
+  ``live`` with ``HealthConfig(live_spare=False)`` (a replacement starts a new process);
 
 each also without faults (``--no-clean``: not). The benchmark measures each run itself,
 from the loop's own marks (rank 0): productive time is the time of each step done for the
@@ -52,7 +53,7 @@ import tempfile
 import time
 
 MARKS = "marks.jsonl"
-MODES = ("torch", "sync", "async", "memory", "paced", "live", "live-memory")
+MODES = ("torch", "sync", "async", "memory", "paced", "live", "live-memory", "live-nospare")
 
 
 def loop(config):
@@ -242,7 +243,8 @@ def run_once(mode, args, root, *, faults=True, every=None, extra=None):
             memory_tier=mode in ("memory", "live-memory"),
             interval=mode == "paced", min_interval_s=args.min_interval_s,
             max_interval_s=600.0, mtbf_s=args.mtbf_s)
-        health = rayguard.HealthConfig(stall_timeout_s=args.stall_timeout_s, max_restarts=20)
+        health = rayguard.HealthConfig(stall_timeout_s=args.stall_timeout_s, max_restarts=20,
+                                       live_spare=mode != "live-nospare")
         trainer = rayguard.RobustTrainer(
             loop, train_loop_config=config, scaling_config=scaling,
             run_config=RunConfig(storage_path=root, name=name),

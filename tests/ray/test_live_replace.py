@@ -147,3 +147,51 @@ def test_a_crash_loop_under_live_recovery_ends_the_run(ray_local_module, tmp_pat
     assert "crash_loop" in kinds, kinds
     assert [e.get("path") for e in events if e["kind"] == "restart"] == ["live"]
     assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1, 1]
+
+
+def spare_loop(config):
+    """Rank 1 waits for its node's warm spare to be up, notes its pid, then dies at step 3."""
+    import json
+    import os
+    import signal
+    import time
+
+    from rayguard._ray.spare import idle_spares
+
+    ctx = rayguard.train.get_context()
+    state = rayguard.train.load_state()
+    start = 0 if state is None else state["step"] + 1
+    with open(config["log"], "a") as f:
+        f.write(json.dumps({"rank": ctx.rank, "pid": os.getpid(), "start": start}) + "\n")
+    for step in range(start, 6):
+        if step == 3 and ctx.rank == 1 and ctx.attempt == 0:
+            deadline = time.monotonic() + 60
+            while not idle_spares() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            with open(config["log"], "a") as f:
+                f.write(json.dumps({"spares": idle_spares()}) + "\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        rayguard.train.report({"loss": 1.0 / (step + 1), "step": step}, state={"step": step})
+
+
+def test_the_replacement_starts_in_the_nodes_warm_spare(ray_local_module, tmp_path):
+    import json
+
+    from rayguard._ray.spare import SPARE_DIR_ENV, idle_spares
+
+    log = tmp_path / "spare.jsonl"
+    trainer = make_trainer(spare_loop, tmp_path, name="spare", config={"log": str(log)},
+                           guard=rayguard.GuardConfig(numa="off", recovery="live"))
+    assert trainer.fit().error is None
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line]
+    (spares,) = [r["spares"] for r in rows if "spares" in r]
+    assert len(spares) == 1, rows  # one per node, not one per rank
+    replaced = [r for r in rows if r.get("rank") == 1]
+    assert [r["start"] for r in replaced] == [0, 3] and replaced[1]["pid"] == spares[0], rows
+    events = read_events(trainer.run_dir)
+    (joined,) = [e for e in events if e["kind"] == "rejoined" and e["replacement"]]
+    assert joined["spare"] is True and joined["phases"]["process_start_s"] == 0.0, joined
+    assert "warm spare" in joined["detail"]
+    # The run's end ends the spare the new attempt started (none is left behind).
+    directory = trainer._rc.worker_runtime_env["env_vars"][SPARE_DIR_ENV]
+    assert idle_spares(directory) == []
