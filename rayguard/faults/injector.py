@@ -68,6 +68,11 @@ class FaultInjector:
         for fault in self._due("load", None):
             self._fire(fault, None, {})
 
+    def on_setup(self) -> None:
+        """rayguard's worker set-up, before this rank has told the others it is there."""
+        for fault in self._due("setup", None):
+            self._fire(fault, None, {})
+
     def _fire(self, fault: Fault, step: int | None, metrics: dict) -> dict:
         if self.on_fire is not None:
             self.on_fire(fault, step)

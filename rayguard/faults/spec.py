@@ -9,9 +9,11 @@ Spec format: faults separated by ``;``, fields by ``,``::
     raise:rank=*,step=3         # raise InjectedFault on every rank at step 3
     nan:rank=0,step=4,metric=loss   # report loss=NaN at step 4
     kill:rank=0,at=load         # SIGKILL rank 0 inside rayguard.train.load_state()
+    kill:rank=1,at=setup,attempt=1  # SIGKILL rank 1 in rayguard's worker set-up, attempt 1
 
 Fields: ``rank`` (an int or ``*``, default ``*``), ``step`` (int; required unless
-``at=load``), ``at`` (``report``, the default, or ``load``), ``attempt`` (only on that
+``at=load`` or ``at=setup``), ``at`` (``report``, the default; ``load``; or ``setup``: in
+rayguard's worker set-up, before the rank has told the others it is there), ``attempt`` (only on that
 attempt; default: the first attempt that reaches the fault), ``seconds`` (hang only; default
 forever), ``metric`` (nan only; default ``loss``).
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from rayguard.exceptions import FaultSpecError
 
 KINDS = ("kill", "hang", "raise", "nan")
-POINTS = ("report", "load")
+POINTS = ("report", "load", "setup")
 _FIELDS = {"rank", "step", "at", "attempt", "seconds", "metric"}
 
 
@@ -53,7 +55,7 @@ class Fault:
             return False
         if self.attempt is not None and self.attempt != attempt:
             return False
-        return at == "load" or self.step == step
+        return at in ("load", "setup") or self.step == step
 
 
 def _bad(part: str, why: str) -> FaultSpecError:
@@ -95,13 +97,13 @@ def _parse_one(part: str) -> Fault:
     rank = fields.get("rank", "*")
     step = _int_field(part, "step", fields["step"]) if "step" in fields else None
     if at == "report" and step is None:
-        raise _bad(part, "step is required (or at=load)")
+        raise _bad(part, "step is required (or at=load, at=setup)")
     if "seconds" in fields and kind != "hang":
         raise _bad(part, "seconds applies to hang only")
     if "metric" in fields and kind != "nan":
         raise _bad(part, "metric applies to nan only")
-    if kind == "nan" and at == "load":
-        raise _bad(part, "nan faults poison a reported metric, so at=load is meaningless")
+    if kind == "nan" and at != "report":
+        raise _bad(part, f"nan faults poison a reported metric, so at={at} is meaningless")
     seconds = None
     if "seconds" in fields:
         try:

@@ -73,6 +73,41 @@ def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | No
     return decision.attempt
 
 
+class AttemptSuperseded(Exception):
+    """A survivor's set-up for a live attempt that the run has already replaced by a newer
+    one (a replacement failed before it joined): set up again for ``attempt``."""
+
+    def __init__(self, attempt: int) -> None:
+        super().__init__(attempt)
+        self.attempt = attempt
+
+
+def wait_for_peer(link: RunLink, key: str, wait_s: float) -> Any:
+    """A peer's set-up fact of a live attempt (``key``), waited for up to ``wait_s``. A
+    notice that this attempt lost ranks too (the replacement died in its own set-up) raises
+    :class:`AttemptSuperseded` with the next one; no fact in time raises
+    :class:`PeersLostError` (the group then restarts)."""
+    ctx = link.ctx
+    deadline = time.monotonic() + wait_s
+    while True:
+        value = link.get(key)
+        if value is not None:
+            return value
+        decision = plan_rejoin(link.get(live_key(ctx.attempt)), rank=ctx.rank,
+                               attempt=ctx.attempt)
+        if decision.rejoin and decision.attempt is not None:
+            logger.warning("rayguard: rank %s: attempt %s lost rank(s) %s before they joined; "
+                           "setting up again for attempt %s", ctx.rank, ctx.attempt,
+                           list(decision.replaced), decision.attempt)
+            raise AttemptSuperseded(decision.attempt)
+        if time.monotonic() >= deadline:
+            raise PeersLostError(
+                f"rank {ctx.rank}: live recovery: no word from a peer ({key}) in {wait_s} s "
+                "(HealthConfig(live_wait_s)); the worker group restarts")
+        link.progress()
+        time.sleep(0.05)
+
+
 class LiveWatch:
     """A survivor's watchdog tick (live recovery, NCCL): once the run says a peer of this
     attempt was lost, abort the process group from the watchdog's thread, so that a
@@ -227,7 +262,7 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                 ranks=notice.get("ranks"), **({} if spare is None else {"spare": spare}))
 
 
-__all__ = ["LiveWatch", "PG_KEY", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
+__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "wait_for_peer", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]
 
 

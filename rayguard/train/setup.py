@@ -20,7 +20,8 @@ from rayguard._ray.spare import claim_process
 from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import PeersLostError, WorkerSetupError
-from rayguard.faults import Fault, parse_faults
+from rayguard.faults import Fault, FaultInjector, parse_faults
+from rayguard.faults.injector import announcer
 from rayguard.health.hang import HangProbe, install_counting_hook
 from rayguard.health.live import LAST_COMMITTED_KEY
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
@@ -33,7 +34,7 @@ from rayguard.train.context import GuardContext, set_context
 from rayguard.train.elastic_setup import apply_elastic, previous_assignment
 from rayguard.train.forwarder import Forwarder
 from rayguard.train.forwarding import ReportForwarding, ray_own_report
-from rayguard.train.live import keep_spare, release_spare
+from rayguard.train.live import AttemptSuperseded, keep_spare, release_spare, wait_for_peer
 from rayguard.train.memory_tier import MemoryTier
 from rayguard.train.pacing import pacing_for
 from rayguard.train.pinning import bind_numa, pin_cuda
@@ -110,6 +111,9 @@ def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False,
     if not (link.alone or by_marks):
         return link.gather("setup", mine)
     link.mark(f"setup:{ctx.attempt}:{ctx.rank}", mine)
+    if by_marks and wait_s is not None:  # a live attempt: its replacement may fail first
+        return [mine if r == ctx.rank else wait_for_peer(link, f"setup:{ctx.attempt}:{r}", wait_s)
+                for r in range(ctx.world_size)]
     return [mine if r == ctx.rank else link.wait_for(f"setup:{ctx.attempt}:{r}", wait_s)
             for r in range(ctx.world_size)]
 
@@ -223,7 +227,11 @@ class GuardedTrainFn:
     def __call__(self) -> Any:
         attempt = None  # set when this process rejoins a live recovery
         while True:
-            session, hook, bridge = self._set_up(attempt)
+            try:
+                session, hook, bridge = self._set_up(attempt)
+            except AttemptSuperseded as moved:  # its replacement failed before it joined
+                attempt = moved.attempt
+                continue
             try:
                 try:
                     result = self._run(session, bridge)
@@ -306,8 +314,17 @@ class GuardedTrainFn:
             link.record("preflight_error", str(exc), wait=True)
             raise
         previous = previous_assignment(link)  # every rank reads it before rank 0 replaces it
-        infos = _setup_infos(link, ctx, by_marks=self.live, wait_s=self.guard.health.live_wait_s
-                             if self.live and ctx.attempt > 0 else None, started=setup_start_time)
+        FaultInjector(faults, rank=ctx.rank, attempt=ctx.attempt, claim=link.claim,
+                      on_fire=announcer(link, lambda: -1)).on_setup()
+        try:
+            infos = _setup_infos(link, ctx, by_marks=self.live,
+                                 wait_s=self.guard.health.live_wait_s
+                                 if self.live and ctx.attempt > 0 else None,
+                                 started=setup_start_time)
+        except AttemptSuperseded:
+            watchdog.stop()
+            hook.remove()
+            raise
         bind_numa(ctx, self.guard, infos)
         pin_cuda(ctx, infos)
         live_path = self._form_group(link, setup_start_time, replacement=attempt is None)

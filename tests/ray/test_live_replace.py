@@ -174,6 +174,7 @@ def spare_loop(config):
         rayguard.train.report({"loss": 1.0 / (step + 1), "step": step}, state={"step": step})
 
 
+@pytest.mark.compat  # the raylet's prestart is a Ray internal: the oldest Ray too
 def test_the_replacement_starts_in_the_nodes_warm_spare(ray_local_module, tmp_path):
     import json
 
@@ -195,3 +196,21 @@ def test_the_replacement_starts_in_the_nodes_warm_spare(ray_local_module, tmp_pa
     # The run's end ends the spare the new attempt started (none is left behind).
     directory = trainer._rc.worker_runtime_env["env_vars"][SPARE_DIR_ENV]
     assert idle_spares(directory) == []
+
+
+def test_a_replacement_that_dies_in_its_set_up_is_replaced_again(clean, tmp_path):
+    # The first replacement dies before it told the survivor it is there: the survivor, that
+    # waits for it, moves to the next attempt at once (no live_wait_s wait), and the second
+    # replacement joins it there.
+    weights, events, entered = _fit(tmp_path, "setupkill",
+                                    faults="kill:rank=1,step=5;kill:rank=1,at=setup,attempt=1")
+    assert same_weights(weights, clean)
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("worker_died") == 2 and kinds[-1] == "finished", kinds
+    assert [e.get("path") for e in events if e["kind"] == "restart"] == ["live", "live"]
+    started = [e for e in events if e["kind"] == "attempt_started"]
+    assert [e["attempt"] for e in started] == [0, 2], started  # attempt 1 never formed
+    survivor = [e for e in entered if e["rank"] == 0]
+    assert len({e["pid"] for e in survivor}) == 1 and [e["attempt"] for e in survivor] == [0, 2]
+    injected = [e for e in events if e["kind"] == "fault_injected"]
+    assert [(e["rank"], e["attempt"]) for e in injected] == [(1, 0), (1, 1)], injected

@@ -19,6 +19,9 @@ def test_parse_all_fields():
     assert g.metric == "val_loss"
     (h,) = parse_faults("kill:rank=0,at=load")
     assert h.at == "load" and h.step is None
+    (s,) = parse_faults("kill:rank=1,at=setup,attempt=1")
+    assert s.at == "setup" and s.matches(rank=1, step=None, at="setup", attempt=1)
+    assert not s.matches(rank=1, step=None, at="setup", attempt=0)
     assert parse_faults("") == () and parse_faults(None) == ()
 
 
@@ -36,6 +39,7 @@ def test_parse_all_fields():
         ("hang:step=2,seconds=0", "seconds must be > 0"),
         ("kill:step=2,at=later", "at='later'"),
         ("nan:at=load", "meaningless"),
+        ("nan:at=setup", "at=setup is meaningless"),
     ],
 )
 def test_bad_specs_name_the_part_and_the_fix(spec, needle):

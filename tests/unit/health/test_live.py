@@ -160,3 +160,36 @@ def test_the_live_watch_aborts_the_group_once_a_peer_is_reported_lost():
     watch.tick()
     watch.tick()
     assert aborted == [1] and watch.aborted  # once
+
+
+class _FactLink:
+    """Facts as the coordinator holds them, for a rank of attempt 1."""
+
+    class ctx:
+        rank, attempt = 0, 1
+
+    def __init__(self, facts):
+        self.facts = facts
+        self.polls = 0
+
+    def get(self, key):
+        self.polls += 1
+        return self.facts.get(key)
+
+    def progress(self):
+        pass
+
+
+def test_a_survivor_waiting_for_a_replacement_moves_on_when_the_attempt_is_superseded():
+    from rayguard.train.live import AttemptSuperseded, wait_for_peer
+
+    assert wait_for_peer(_FactLink({"setup:1:1": {"rank": 1}}), "setup:1:1", 5) == {"rank": 1}
+    moved = _FactLink({live_key(1): {"attempt": 2, "ranks": [1]}})
+    with pytest.raises(AttemptSuperseded) as raised:
+        wait_for_peer(moved, "setup:1:1", 30)
+    assert raised.value.attempt == 2 and moved.polls == 2  # at once, not after the bound
+    with pytest.raises(PeersLostError, match="live_wait_s"):
+        wait_for_peer(_FactLink({}), "setup:1:1", 0.2)
+    mine = _FactLink({live_key(1): {"attempt": 2, "ranks": [0]}})  # this rank is replaced
+    with pytest.raises(PeersLostError):
+        wait_for_peer(mine, "setup:1:1", 0.2)
