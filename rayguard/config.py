@@ -42,6 +42,13 @@ class CheckpointConfig:
     coordinator (one snapshot per rank, freed when a newer one commits): after a worker
     process crash, ``load_state()`` reads it from memory when it verifies, else from disk."""
 
+    memory_peer_copy: bool = True
+    """``memory_tier=True``: also have one peer node keep each rank's snapshot (the next
+    node in sorted node-id order), copied in the background, so that one node's loss still
+    restores from memory. ``False``: the own node's copy only (a lost node's ranks read the
+    disk), and no background copy competing with the loop for CPU and network
+    (``tests/benchmarks/bench_peer_restore.py`` measures both)."""
+
     pin_memory: bool = True
     """``mode="async"``: snapshot CUDA tensors into pinned (page-locked) host buffers with
     non-blocking copies (fast, but the pages cannot be swapped); ``False``: pageable
@@ -92,6 +99,10 @@ class CheckpointConfig:
         if not isinstance(self.memory_tier, bool):
             raise config_error("CheckpointConfig", "memory_tier", self.memory_tier,
                                "must be a bool", "pass memory_tier=True or False")
+        if not isinstance(self.memory_peer_copy, bool):
+            raise config_error("CheckpointConfig", "memory_peer_copy", self.memory_peer_copy,
+                               "must be a bool", "pass memory_peer_copy=False to keep no copy "
+                               "on a peer node")
         if not isinstance(self.pin_memory, bool):
             raise config_error("CheckpointConfig", "pin_memory", self.pin_memory,
                                "must be a bool", "pass pin_memory=True or False")

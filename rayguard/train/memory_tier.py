@@ -47,9 +47,12 @@ class MemoryTier:
     :class:`~rayguard.train.protocol.MemoryTier`). ``enabled``: the config asks for it, the
     run has a coordinator and its storage is local or shared; else every call is a no-op."""
 
-    def __init__(self, link: RunLink, *, enabled: bool, run_dir: str) -> None:
+    def __init__(self, link: RunLink, *, enabled: bool, run_dir: str,
+                 peer_copy: bool = True) -> None:
         self.link = link
         self._enabled = enabled and link.connected
+        self._peer_copy = peer_copy
+        """``CheckpointConfig(memory_peer_copy=)``: a peer node's keeper takes a copy too."""
         self._run_dir = run_dir
         self._deferred: str | None = None
         self._no_defer = False
@@ -62,7 +65,8 @@ class MemoryTier:
         from rayguard.checkpoint.remote import is_local
 
         return cls(link, enabled=bool(config.memory_tier) and is_local(fs),
-                   run_dir=link.ctx.run_dir)
+                   run_dir=link.ctx.run_dir,
+                   peer_copy=bool(getattr(config, "memory_peer_copy", True)))
 
     def enabled(self) -> bool:
         return self._enabled
@@ -91,10 +95,12 @@ class MemoryTier:
             held = keeper.hold.remote(files)  # the bytes are in the object store now
             del files
             digests = digests_of(record)
+            peer_copy = self._peer_copy
 
             def register() -> None:
                 link.memory_offer(final, step, digests, ray.get(held, timeout=timeout_s))
-                queue_peer_copy(link, final)
+                if peer_copy:
+                    queue_peer_copy(link, final)
 
             _executor = _executor or ThreadPoolExecutor(1, thread_name_prefix="rg-memory-tier")
             _pending.append(_executor.submit(register))

@@ -4,7 +4,8 @@ Two ranks, one per node of one CPU, a third node spare; each rank saves its own
 ``--mib-per-rank`` MiB state at every step. After step ``HOLD`` commits (and, with the memory
 tier, both copies of both shards are registered), rank 1's node is removed; the whole group
 restarts on the two nodes left. Per mode (``CheckpointConfig(memory_tier=False)`` = disk,
-``True`` = peer memory), measured in the run:
+``True`` = peer memory, ``memory_tier=True, memory_peer_copy=False`` = own: the lost node's
+rank reads the disk), measured in the run:
 
 - load: seconds inside ``rayguard.train.load_state()`` after the restart, rank 1 (whose own
   memory copy went with its node) and the slowest rank;
@@ -78,7 +79,7 @@ def _marks(out: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_once(memory: bool, mib: int, root: str) -> dict:
+def run_once(mode: str, mib: int, root: str) -> dict:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
 
@@ -86,7 +87,8 @@ def run_once(memory: bool, mib: int, root: str) -> dict:
     from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
     from rayguard.events import read as read_events
 
-    name = f"{'peer' if memory else 'disk'}-{time.time_ns()}"
+    memory = mode != "disk"
+    name = f"{mode}-{time.time_ns()}"
     out = os.path.join(root, name + "-marks")
     os.makedirs(out)
     with SimulatedCluster(worker_nodes=3, object_store_bytes=max(512, 6 * mib) * 1024**2) as sim:
@@ -97,12 +99,13 @@ def run_once(memory: bool, mib: int, root: str) -> dict:
                 max_failures=2, controller_failure_limit=0)),
             guard_config=rayguard.GuardConfig(
                 numa="off", preflight=False, progress_interval_s=None,
-                checkpoint=rayguard.CheckpointConfig(memory_tier=memory)))
+                checkpoint=rayguard.CheckpointConfig(memory_tier=memory,
+                                                     memory_peer_copy=mode == "peer")))
         thread = sim.fit_in_background(trainer)
         held = wait_for(lambda: (lambda h: h if len(h) == 2 else None)(
             {m["rank"]: m["node"] for m in _marks(out) if m["what"] == "held"}),
             timeout_s=600, what="both ranks held")
-        if memory:
+        if mode == "peer":
             coordinator = trainer._coordinator
             wait_for(lambda: len([p for p in ray.get(coordinator.memory_peers.remote())
                                   if p[0] == ray.get(coordinator.memory_committed.remote())])
@@ -129,18 +132,19 @@ def main() -> None:
             ("load_s", "load_state() after restart (slowest rank)"),
             ("restart_s", "node removed -> first step after restart"),
             ("save_s", "report(state=) blocked per checkpoint"))
-    rows: dict[str, list[dict]] = {"disk": [], "peer": []}
+    rows: dict[str, list[dict]] = {"disk": [], "own": [], "peer": []}
     with tempfile.TemporaryDirectory(prefix="rg-bench-peer-") as root:
         for _ in range(args.repeats):
-            for mode in ("disk", "peer"):
-                row = run_once(mode == "peer", args.mib_per_rank, root)
+            for mode in rows:
+                row = run_once(mode, args.mib_per_rank, root)
                 rows[mode].append(row)
                 print(f"{mode:5s} " + "  ".join(f"{k} {row[k]:.3f} s" for k, _ in keys)
                       + f"  restored: {row['served']}", flush=True)
     print(f"\nstate: 2 ranks x {args.mib_per_rank} MiB; medians of {args.repeats} run(s) per mode")
     for key, what in keys:
-        d, p = (statistics.median(r[key] for r in rows[m]) for m in ("disk", "peer"))
-        print(f"{what:50s} disk {d:7.3f} s  peer memory {p:7.3f} s  peer/disk {p / d:.2f}x")
+        d, o, p = (statistics.median(r[key] for r in rows[m]) for m in rows)
+        print(f"{what:50s} disk {d:7.3f} s  own memory {o:7.3f} s  peer memory {p:7.3f} s  "
+              f"peer/disk {p / d:.2f}x")
 
 
 if __name__ == "__main__":

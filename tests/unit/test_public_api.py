@@ -179,6 +179,7 @@ def test_health_config_defaults_and_adaptive_timeout():
     ({"mode": "background"}, "CheckpointConfig(mode='background')"),
     ({"memory_tier": "yes"}, "CheckpointConfig(memory_tier='yes')"),
     ({"pin_memory": 1}, "CheckpointConfig(pin_memory=1)"),
+    ({"memory_peer_copy": "no"}, "CheckpointConfig(memory_peer_copy='no')"),
     ({"finish_timeout_s": 0}, "CheckpointConfig(finish_timeout_s=0)"),
     ({"finish_timeout_s": "1h"}, "CheckpointConfig(finish_timeout_s='1h')"),
     ({"finish_timeout_s": True}, "CheckpointConfig(finish_timeout_s=True)"),
