@@ -4,8 +4,8 @@ Two readers of ``rayguard_events.jsonl`` (the events as :func:`rayguard.events.r
 them):
 
 - :func:`failure_history`: seconds run and failures (``restart`` events) in a run
-  directory, earlier runs included; rank 0 of each attempt starts its interval policy
-  from it (:mod:`rayguard.train.pacing`);
+  directory, earlier runs included, and the costs of its recent checkpoints; rank 0 of
+  each attempt starts its interval policy from it (:mod:`rayguard.train.pacing`);
 - :func:`recommend_interval`: for a loop that checkpoints on its own schedule (a
   framework's ``save_steps``), the interval that would have maximised goodput, from the
   mean measured checkpoint cost and the failures over wall time, next to the interval the
@@ -17,6 +17,7 @@ time between runs in the same directory is not run time). Pure: no Ray, no files
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,14 @@ class FailureHistory:
     """Seconds the runs of this directory ran (up to ``now`` for the last one)."""
     failures: int
     runs: int
+    at_last_failure_s: float | None = None
+    """Of ``observed_s``, the seconds up to the last failure (``None``: no failure)."""
+    costs_s: tuple[float, ...] = ()
+    """The measured costs of the last :data:`KEPT_COSTS` committed checkpoints, oldest first
+    (a checkpoint reported through ``ray.train.report`` has none)."""
+
+
+KEPT_COSTS = 32
 
 
 def _time(event: dict[str, Any]) -> float | None:
@@ -64,6 +73,8 @@ def failure_history(events: Iterable[dict[str, Any]], now: float | None = None) 
     constant memory (a stream of a long log is never held)."""
     observed, failures, runs = 0.0, 0, 0
     low = high = None
+    at_last: float | None = None
+    costs: deque[float] = deque(maxlen=KEPT_COSTS)
     for event in events:
         t = _time(event)
         if t is None:
@@ -73,10 +84,16 @@ def failure_history(events: Iterable[dict[str, Any]], now: float | None = None) 
                 observed += high - low
             runs, low, high = runs + 1, t, t
         low, high = min(low, t), max(high if high is not None else t, t)
-        failures += event.get("kind") in FAILURE_KINDS
+        if event.get("kind") in FAILURE_KINDS:
+            failures += 1
+            at_last = observed + t - low
+        elif event.get("kind") == "checkpoint_committed":
+            cost = _cost(event)
+            if cost is not None:
+                costs.append(cost)
     if low is not None and high is not None:
         observed += (high if now is None else max(high, now)) - low
-    return FailureHistory(observed, failures, runs)
+    return FailureHistory(observed, failures, runs, at_last, tuple(costs))
 
 
 @dataclass(frozen=True)
@@ -144,7 +161,8 @@ def recommend_interval(events: Iterable[dict[str, Any]], *, mtbf_s: float | None
     costs = [c for c in map(_cost, commits) if c is not None]
     cost = sum(costs) / len(costs) if costs else None
     mtbf = estimate_mtbf(history.observed_s, history.failures,
-                         prior_s=DEFAULT_MTBF_S if mtbf_s is None else mtbf_s)
+                         prior_s=DEFAULT_MTBF_S if mtbf_s is None else mtbf_s,
+                         at_last_failure_s=history.at_last_failure_s)
     bounds = IntervalBounds(min_interval_s, max_interval_s)
     used = _used_interval(events)
     return Recommendation(None if cost is None else bounded_interval(cost, mtbf, bounds), cost,

@@ -1,8 +1,8 @@
 """The worker's side of the checkpoint interval: rank 0 decides, every rank agrees.
 
 Rank 0 holds the :class:`~rayguard.checkpoint.interval.IntervalPolicy` of this attempt, started
-from the run directory's failure history (earlier runs' and this run's restarts, from the
-event log; else this attempt's number). At every report rank 0 asks it whether a
+from the run directory's history (earlier runs' and this run's restarts, and the costs of
+the checkpoints committed, from the event log; else this attempt's number). At every report rank 0 asks it whether a
 checkpoint is due and brings the answer as the ``interval`` flag of the per-report
 agreement (:mod:`rayguard.train.agreement`): a MAX all-reduce, so every rank learns it at
 the same report. From the next step on ``rayguard.train.should_checkpoint()`` is True on
@@ -39,13 +39,15 @@ def bounds_of(config: CheckpointConfig) -> IntervalBounds:
                           DEFAULT_MTBF_S if config.mtbf_s is None else config.mtbf_s)
 
 
-_HISTORY_TOKENS = (b'"start"', b'"restart"')
-"""A line holding neither cannot be a ``start`` or ``restart`` event: it is not parsed."""
+_HISTORY_TOKENS = (b'"start"', b'"restart"', b'"checkpoint_committed"')
+"""A line holding none cannot be a ``start``, ``restart`` or ``checkpoint_committed`` event:
+it is not parsed."""
 
 
 def history_events(source: EventSource) -> Iterator[dict[str, Any]]:
     """The events of a log that its failure history needs, in file order: the first and the
-    last, every ``start`` and ``restart``, and the event before each (the end of a run).
+    last, every ``start``, ``restart`` and ``checkpoint_committed`` (its cost), and the
+    event before each (the end of a run).
     Streamed: memory bounded by a line, and only those lines are parsed (rank 0 reads this
     at set-up; a long run's log has 100 000s of lines)."""
     from rayguard.events.lines import LineReader
@@ -81,7 +83,11 @@ def read_history(run_dir: str, filesystem: Any, attempt: int) -> FailureHistory:
     except Exception as exc:
         logger.debug("rayguard: no failure history from the event log: %s", exc)
         return FailureHistory(0.0, attempt, 0)
-    return FailureHistory(history.observed_s, max(history.failures, attempt), history.runs)
+    if history.failures >= attempt:
+        return history
+    # this run's restarts are not all in the log yet: the attempt started at a failure
+    return FailureHistory(history.observed_s, attempt, history.runs, history.observed_s,
+                          history.costs_s)
 
 
 class CheckpointPacing:
@@ -105,6 +111,11 @@ class CheckpointPacing:
     def should_checkpoint(self) -> bool:
         return self.pending
 
+    def resumed(self) -> None:
+        """``load_state()`` restored a checkpoint: the interval counts from here."""
+        if self.policy is not None:
+            self.policy.resumed()
+
     def after_report(self, agreed: Flags, *, saved: bool, cost_s: float | None = None,
                      persist_s: float | None = None) -> None:
         """After a report's agreement (``saved``: every rank saved a checkpoint; ``cost_s``:
@@ -126,4 +137,6 @@ def pacing_for(config: CheckpointConfig, ctx: Any, filesystem: Any = None) -> Ch
         return CheckpointPacing()
     history = read_history(ctx.run_dir, filesystem, ctx.attempt)
     return CheckpointPacing(IntervalPolicy(bounds_of(config), observed_s=history.observed_s,
-                                           failures=history.failures))
+                                           failures=history.failures,
+                                           at_last_failure_s=history.at_last_failure_s,
+                                           costs_s=history.costs_s))

@@ -159,6 +159,7 @@ class WorkerSession:
                                           on_chosen=self._loading)
         self.watchdog.heartbeat()
         self.timer.begin()
+        self.pacing.resumed()  # the checkpoint interval counts the work from here
         self._plan_data_skip(None if restored is None else restored.step)
         if restored is None:
             return None

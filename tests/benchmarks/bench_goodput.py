@@ -34,7 +34,7 @@ ratio equals the benchmark's within 5%.
 
 ``--interval-check``: the checkpoint interval on a real run. Rank 1 is killed every
 ``--kill-every-s`` seconds of wall time; a ``paced`` run (prior ``mtbf_s`` of
-``--prior-factor`` times the truth) and three fixed intervals (0.5x, 1x and 2x Daly's optimum
+``--prior-factor`` times the truth) and three fixed intervals (1/4, 1 and 4 times Daly's optimum
 for the paced run's measured cost) run the same loop; it prints the interval the paced run
 chose against Daly's optimum (within 20%?) and its goodput against the best fixed interval.
 

@@ -7,7 +7,9 @@ itself: the faults come by the clock, not at a step). First a ``paced`` run: Rob
 the policy must learn the rate from the run's failures). Its event log gives the measured
 checkpoint cost ``C`` (the commits' ``blocked_s``) and the interval it chose (the gap
 between two commits of the same attempt, less the save itself), from its second attempt on
-(the first has seen no failure yet and holds to the prior). Daly's optimum is
+(the first has seen no failure yet and holds to the prior). A short fault-free run warms the
+cluster first, so that the paced run, the first of the four, is not the one that meets it
+cold. Daly's optimum is
 ``daly_interval(C, MTBF)`` for the true MTBF. Then three fixed intervals, 1/4, 1 and 4 times
 that optimum (a checkpoint every so many steps), run the same loop and the same faults; the
 benchmark's own ETTR of each (from the loop's marks) is printed beside the paced run's.
@@ -47,6 +49,9 @@ def interval_check(args, root, run_once):
     args.mtbf_s = args.prior_factor * mtbf
     args.kills, args.hang, args.nan, args.preempt = [], -1, -1, -1
     extra = {"kill_every_s": mtbf}
+    steps, args.steps = args.steps, 20  # a warm-up: no run of the four meets a cold cluster
+    run_once("sync", args, root, faults=False)
+    args.steps = steps
     paced = run_once("paced", args, root, faults=False, extra=extra)
     events = read(paced["run_dir"])
     cost = statistics.mean(costs(events))

@@ -54,6 +54,45 @@ def test_a_failure_free_stretch_adds_to_the_prior_second_for_second():
     assert estimate_mtbf(20, 1, prior_s=80) < estimate_mtbf(20, 0, prior_s=80) / 3
 
 
+def test_the_open_stretch_since_the_last_failure_counts_only_once_it_is_longer():
+    # failures every 20 s: 3 closed gaps; Poisson's estimate climbs between two failures
+    assert estimate_mtbf(60, 3, prior_s=20, at_last_failure_s=60) == pytest.approx(20)
+    for since in (0.0, 5.0, 15.0, 19.9):
+        assert estimate_mtbf(60 + since, 3, prior_s=20,
+                             at_last_failure_s=60) == pytest.approx(20)
+        assert estimate_mtbf(60 + since, 3, prior_s=20) == pytest.approx(20 + since / 3.05,
+                                                                          rel=0.01)
+    # a stretch longer than the gaps seen raises it: as if a failure came now
+    assert estimate_mtbf(60 + 40, 3, prior_s=20, at_last_failure_s=60) == pytest.approx(
+        (0.05 * 20 + 100) / 4.05)
+    # the last failure cannot lie past the time observed
+    assert estimate_mtbf(10, 1, prior_s=20, at_last_failure_s=50) == estimate_mtbf(
+        10, 1, prior_s=20, at_last_failure_s=10)
+    assert estimate_mtbf(60, 0, prior_s=20, at_last_failure_s=30) == 80  # no failure: prior + T
+
+
+def test_an_attempt_starts_from_the_runs_costs_and_counts_from_the_restore():
+    clock = Clock()
+    bounds = IntervalBounds(0.5, 600, prior_mtbf_s=20)
+    fresh = IntervalPolicy(bounds, observed_s=40, failures=2, at_last_failure_s=40, clock=clock)
+    known = IntervalPolicy(bounds, observed_s=40, failures=2, at_last_failure_s=40,
+                           costs_s=[0.3, 0.2] + [0.25] * 40, clock=clock)
+    clock.t = 1.0
+    assert fresh.decide().due and fresh.decide().cost_s is None  # measures the cost first
+    decision = known.decide()
+    assert known.cost_s == pytest.approx(0.25) and not decision.due  # the last 32 costs
+    assert decision.interval_s == pytest.approx(daly_interval(0.25, 20))
+    clock.t = 2.0
+    known.resumed()  # set-up and load took 2 s: the interval counts from here
+    clock.t = 2.0 + decision.interval_s - 0.01
+    assert not known.decide().due
+    clock.t += 0.02
+    assert known.decide().due
+    # a failure seen by the policy closes a gap
+    known.failed()
+    assert known.mtbf_s() == pytest.approx((0.05 * 20 + 40 + clock.t) / 3.05)
+
+
 def test_bounds_and_the_first_interval():
     bounds = IntervalBounds(min_interval_s=60, max_interval_s=3600)
     assert bounded_interval(None, 86400, bounds) == 60  # no cost yet: soon, to measure it
@@ -135,7 +174,7 @@ def _policy_run(failures: list[float], cost_s: float, horizon_s: float,
     return goodput, policy, decisions
 
 
-@pytest.mark.parametrize(("prior_s", "warm"), [(DEFAULT_MTBF_S, 10), (1800.0, 3)],
+@pytest.mark.parametrize(("prior_s", "warm"), [(DEFAULT_MTBF_S, 10), (1800.0, 1)],
                          ids=["24h-prior", "true-prior"])
 def test_with_failures_every_n_seconds_the_interval_is_within_20_percent_of_daly(prior_s, warm):
     n, cost = 1800.0, 20.0

@@ -386,7 +386,9 @@ def test_cli_events_goodput_recommends_the_checkpoint_interval(tmp_path, capsys)
     advice = json.loads(capsys.readouterr().out)["checkpoint_interval"]
     history = failure_history(events)
     assert advice["failures"] == history.failures >= 1
-    mtbf = estimate_mtbf(history.observed_s, history.failures)
+    mtbf = estimate_mtbf(history.observed_s, history.failures,
+                         at_last_failure_s=history.at_last_failure_s)
+    assert history.at_last_failure_s is not None and history.at_last_failure_s < history.observed_s
     assert advice["mtbf_s"] == pytest.approx(mtbf)
     assert advice["interval_s"] == pytest.approx(
         bounded_interval(advice["cost_s"], mtbf, IntervalBounds(60.0, 3600.0)))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rayguard.checkpoint.interval_advice import failure_history
+from rayguard.config import CheckpointConfig
 from rayguard.events import append_events, read
 from rayguard.events.read import run_source
 from rayguard.train import pacing
@@ -49,3 +50,22 @@ def test_read_history_streams_and_still_never_raises(tmp_path: Path):
     history = pacing.read_history(str(tmp_path), None, attempt=0)
     assert history.failures == 2 and history.runs == 2
     assert pacing.read_history(str(tmp_path / "missing"), None, attempt=2).failures == 2
+
+
+def test_the_history_carries_the_last_failure_and_the_checkpoint_costs(tmp_path: Path):
+    log = _log(3)
+    commits = [{"kind": "checkpoint_committed", "time": 1000.5 + i, "attempt": 0,
+                "blocked_s": 0.1 * (i + 1)} for i in range(3)]
+    commits.append({"kind": "checkpoint_committed", "time": 1004.0, "attempt": 1})  # Ray's
+    append_events(tmp_path / "rayguard_events.jsonl", log[:2] + commits + log[2:])
+    history = pacing.read_history(str(tmp_path), None, attempt=0)
+    assert history.costs_s == pytest.approx((0.1, 0.2, 0.3))
+    # the last failure: the second run's restart, at 3 s into it, after the first run's 5 s
+    assert history.at_last_failure_s == pytest.approx(5 + 3)
+    # this run's newest restart not in the log yet: the attempt started at a failure
+    later = pacing.read_history(str(tmp_path), None, attempt=3)
+    assert later.failures == 3 and later.at_last_failure_s == later.observed_s
+    assert later.costs_s == history.costs_s
+    ctx = type("Ctx", (), {"rank": 0, "run_dir": str(tmp_path), "attempt": 1})()
+    policy = pacing.pacing_for(CheckpointConfig(interval=True), ctx).policy
+    assert policy is not None and policy.cost_s == pytest.approx(0.2)
