@@ -26,8 +26,11 @@ setup: $(BIN)/.rayguard-setup
 quickstart: setup
 	$(BIN)/python examples/quickstart.py
 
+# The Ray tests (tests/ray, tests/gpu) run one at a time: each starts Ray clusters that use
+# the machine's cores. The unit tests, single-process and pure, run on every core.
 test: setup
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/unit
+	$(BIN)/python -m pytest tests/unit -n auto
 
 # The oldest Ray rayguard supports (pyproject's ray range starts here).
 OLDEST_RAY ?= 2.59.0
@@ -44,7 +47,7 @@ $(OLD_BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
 
 test-oldest-ray: $(OLD_BIN)/.rayguard-setup
 	$(OLD_BIN)/python -c "import ray; assert ray.__version__ == '$(OLDEST_RAY)', ray.__version__"
-	$(OLD_BIN)/python -m pytest tests/unit
+	$(OLD_BIN)/python -m pytest tests/unit -n auto
 	$(OLD_BIN)/python -m pytest tests/ray -m compat
 
 lint: setup

@@ -15,9 +15,21 @@ from rayguard._ray import spare
 
 
 def _fake_worker():
-    """A process whose command line reads as a Ray worker's (``default_worker``)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+    """A process whose command line reads as a Ray worker's (``default_worker``), once its
+    exec is done (until then /proc shows the parent's command line)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                              "default_worker"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+                if b"default_worker" in f.read():
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError("the fake worker never showed its command line")
 
 
 def test_the_list_keeps_live_ray_workers_and_drops_stale_entries(tmp_path):
