@@ -254,10 +254,15 @@ def run_once(mode, args, root, *, faults=True, every=None, extra=None):
                                               checkpoint=ckpt, health=health,
                                               faults=fault_spec(args) if faults else None))
     t0 = time.time()
-    trainer.fit()
+    failed = None
+    try:
+        trainer.fit()
+    except Exception as exc:  # a run that never finishes (its interval outlasts every
+        failed = f"{type(exc).__name__}"  # attempt: no checkpoint, then the restart budget)
     wall = time.time() - t0
     with open(os.path.join(out, MARKS)) as f:
         row = measure([json.loads(line) for line in f], wall)
+    row["failed"] = failed
     row["product"] = getattr(trainer, "last_goodput", None)
     row["run_dir"] = os.path.join(root, name)
     return row

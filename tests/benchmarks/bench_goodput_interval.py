@@ -13,6 +13,8 @@ cold. Daly's optimum is
 ``daly_interval(C, MTBF)`` for the true MTBF. Then three fixed intervals, 1/4, 1 and 4 times
 that optimum (a checkpoint every so many steps), run the same loop and the same faults; the
 benchmark's own ETTR of each (from the loop's marks) is printed beside the paced run's.
+A fixed interval longer than the work an attempt gets between two kills never commits and
+ends at the restart budget: it is printed as DID NOT FINISH, with its ETTR up to then.
 The product's figure is printed too, but here it is an upper bound: the loop's own kills
 leave no event at the step they came, so the steps since rank 0's last progress are
 replayed unseen.
@@ -71,8 +73,10 @@ def interval_check(args, root, run_once):
             "sync", args, root, faults=False, every=every, extra=extra)
     for name, row in rows.items():
         g = row.get("product")
-        print(f"{name:26s} ETTR {row['ettr']:.3f} (product {g.ratio:.3f})  wall "
-              f"{row['wall_s']:.1f} s  kills {len(row['fault_costs_s'])}", flush=True)
+        product = "-" if g is None else f"{g.ratio:.3f}"
+        ended = f"  DID NOT FINISH ({row['failed']})" if row.get("failed") else ""
+        print(f"{name:26s} ETTR {row['ettr']:.3f} (product {product})  wall "
+              f"{row['wall_s']:.1f} s  kills {len(row['fault_costs_s'])}{ended}", flush=True)
     if later:
         mean = statistics.mean(later)
         print(f"chosen interval (attempts >= 1) {mean:.2f} s = {mean / optimum:.2f}x Daly's "
