@@ -20,30 +20,44 @@ import tempfile
 import time
 
 
-def loop(config):
+def _model():
+    """The same model, DDP wrapper and optimizer in both loops (seeded)."""
     import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    return model, ddp, torch.optim.Adam(ddp.parameters(), lr=0.01)
+
+
+def _step(ddp, opt, log, rank, step):
+    """One training step, then its time in ``log`` (rank, pid, step, time); its loss."""
+    import torch
+
+    loss = ddp(torch.randn(32, 64)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with open(log, "a") as f:
+        f.write(json.dumps({"rank": rank, "pid": os.getpid(), "step": step,
+                            "t": time.time()}) + "\n")
+    return loss
+
+
+def loop(config):
     import torch.distributed as dist
 
     import rayguard
 
     ctx = rayguard.train.get_context()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    model, ddp, opt = _model()
     state = rayguard.train.load_state()
     start = 0 if state is None else state["step"] + 1
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
     for step in range(start, config["steps"]):
-        loss = ddp(torch.randn(32, 64)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        with open(config["log"], "a") as f:
-            f.write(json.dumps({"rank": ctx.rank, "pid": os.getpid(), "step": step,
-                                "t": time.time()}) + "\n")
+        loss = _step(ddp, opt, config["log"], ctx.rank, step)
         rayguard.train.report({"loss": loss.item(), "step": step},
                               state={"model": model.state_dict(), "optim": opt.state_dict(),
                                      "step": step} if ctx.rank == 0 else None)
@@ -58,10 +72,7 @@ def ray_loop(config):
     import torch.distributed as dist
 
     rank = ray.train.get_context().get_world_rank()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    model, ddp, opt = _model()
     start, checkpoint = 0, ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
@@ -70,13 +81,7 @@ def ray_loop(config):
         opt.load_state_dict(saved["optim"])
         start = saved["step"] + 1
     for step in range(start, config["steps"]):
-        loss = ddp(torch.randn(32, 64)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        with open(config["log"], "a") as f:
-            f.write(json.dumps({"rank": rank, "pid": os.getpid(), "step": step,
-                                "t": time.time()}) + "\n")
+        loss = _step(ddp, opt, config["log"], rank, step)
         with tempfile.TemporaryDirectory() as d:
             if rank == 0:
                 torch.save({"model": model.state_dict(), "optim": opt.state_dict(),
