@@ -53,7 +53,7 @@ DEFAULT_MTBF_S = 24 * 3600.0
 """The prior MTBF when ``CheckpointConfig(mtbf_s=None)``: a day (conservative: few
 checkpoints until the run shows failures)."""
 
-_KEPT_COSTS = 32
+KEPT_COSTS = 32
 """How many recent checkpoint costs the mean takes (the state grows, storage changes)."""
 
 PRIOR_WEIGHT = 0.05
@@ -139,11 +139,10 @@ class IntervalPolicy:
         self.clock = clock
         self.failures = failures
         self._observed_before_s = observed_s
-        self._at_last_failure_s = (observed_s if at_last_failure_s is None
-                                   else min(at_last_failure_s, observed_s))
+        self._at_last_failure_s = observed_s if at_last_failure_s is None else at_last_failure_s
         self._started = clock()
         self._last = self._started
-        self._costs: list[float] = [max(0.0, float(c)) for c in costs_s][-_KEPT_COSTS:]
+        self._costs: list[float] = [max(0.0, float(c)) for c in costs_s][-KEPT_COSTS:]
         self.persist_s: float | None = None
         """The previous async checkpoint's persist time."""
 
@@ -151,7 +150,7 @@ class IntervalPolicy:
     def saved(self, cost_s: float, persist_s: float | None = None) -> None:
         """Every rank saved a checkpoint just now; the loop was blocked ``cost_s``."""
         self._costs.append(max(0.0, cost_s))
-        del self._costs[:-_KEPT_COSTS]  # the recent ones: the state grows, storage changes
+        del self._costs[:-KEPT_COSTS]  # the recent ones: the state grows, storage changes
         self._last = self.clock()
         if persist_s is not None:
             self.persist_s = persist_s

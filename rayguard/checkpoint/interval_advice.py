@@ -24,6 +24,7 @@ from typing import Any
 
 from rayguard.checkpoint.interval import (
     DEFAULT_MTBF_S,
+    KEPT_COSTS,
     IntervalBounds,
     bounded_interval,
     daly_interval,
@@ -43,11 +44,10 @@ class FailureHistory:
     at_last_failure_s: float | None = None
     """Of ``observed_s``, the seconds up to the last failure (``None``: no failure)."""
     costs_s: tuple[float, ...] = ()
-    """The measured costs of the last :data:`KEPT_COSTS` committed checkpoints, oldest first
-    (a checkpoint reported through ``ray.train.report`` has none)."""
+    """The measured costs of the last :data:`~rayguard.checkpoint.interval.KEPT_COSTS`
+    committed checkpoints, oldest first (a checkpoint reported through ``ray.train.report``
+    has none)."""
 
-
-KEPT_COSTS = 32
 
 
 def _time(event: dict[str, Any]) -> float | None:

@@ -2,12 +2,13 @@
 
 Rank 0 holds the :class:`~rayguard.checkpoint.interval.IntervalPolicy` of this attempt, started
 from the run directory's history (earlier runs' and this run's restarts, and the costs of
-the checkpoints committed, from the event log; else this attempt's number). At every report rank 0 asks it whether a
-checkpoint is due and brings the answer as the ``interval`` flag of the per-report
-agreement (:mod:`rayguard.train.agreement`): a MAX all-reduce, so every rank learns it at
-the same report. From the next step on ``rayguard.train.should_checkpoint()`` is True on
-every rank until a report saves a checkpoint (as for a preemption notice). Every save the
-ranks agree on, whoever asked for it, restarts the interval and tells the policy its cost.
+the checkpoints committed, from the event log; else this attempt's number). At every report
+rank 0 asks it whether a checkpoint is due and brings the answer as the ``interval`` flag of
+the per-report agreement (:mod:`rayguard.train.agreement`): a MAX all-reduce, so every rank
+learns it at the same report. From the next step on ``rayguard.train.should_checkpoint()``
+is True on every rank until a report saves a checkpoint (as for a preemption notice). Every
+save the ranks agree on, whoever asked for it, restarts the interval and tells the policy
+its cost.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -86,8 +88,7 @@ def read_history(run_dir: str, filesystem: Any, attempt: int) -> FailureHistory:
     if history.failures >= attempt:
         return history
     # this run's restarts are not all in the log yet: the attempt started at a failure
-    return FailureHistory(history.observed_s, attempt, history.runs, history.observed_s,
-                          history.costs_s)
+    return replace(history, failures=attempt, at_last_failure_s=history.observed_s)
 
 
 class CheckpointPacing:
