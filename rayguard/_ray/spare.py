@@ -8,12 +8,14 @@ of a live run keeps one:
 
 * the workers' runtime environment (``RunConfig.worker_runtime_env``, set by
   :meth:`rayguard.trainer.RobustTrainer`) names :func:`warm` as Ray's worker-process set-up
-  hook, so every process started for it imports torch, Ray Train and rayguard's worker
-  modules before it takes work, and a run-specific :data:`SPARE_DIR_ENV` (spares of one run
-  are never another's);
-* after set-up, the lowest rank of each node asks its raylet to prestart one process of
-  exactly its own runtime environment (:func:`ensure_spare`; Ray's ``PrestartWorkers``,
-  kept alive ``KEEP_ALIVE_S``), unless the node has one;
+  hook, so every process started for it imports torch and Ray Train before it takes work,
+  and a run-specific :data:`SPARE_DIR_ENV` (spares of one run are never another's);
+* after set-up, the lowest rank of each node writes the names of the modules its process
+  has imported (:func:`record_modules`: the user's loop, Transformers or Lightning,
+  rayguard's worker modules) and asks its raylet to prestart one process of exactly its own
+  runtime environment (:func:`ensure_spare`; Ray's ``PrestartWorkers``, kept alive
+  ``KEEP_ALIVE_S``), unless the node has one; the spare imports those modules too, so a
+  replacement imports next to nothing before its set-up;
 * the process that Ray then gives a replacement is that spare, torch already imported;
   it leaves the spare list at set-up (:func:`claim_process`) and the new attempt's set-up
   prestarts the next one;
@@ -44,6 +46,9 @@ SPARE_DIR_ENV = "RAYGUARD_SPARE_DIR"
 pid); also what makes the run's worker runtime environment its own."""
 
 HOOK = "rayguard._ray.spare.warm"
+MODULES_FILE = "modules"
+"""In a run's spare directory: the modules a worker of the node had imported after set-up
+(one name a line), which a spare imports before it waits."""
 ORPHAN_S = 120.0
 """An unused spare whose run's workers on its node have not ticked this long ends itself."""
 
@@ -82,7 +87,7 @@ def has_setup_hook(env_vars: dict[str, str]) -> bool:
 
 def warm() -> None:
     """Ray's worker-process set-up hook: import what a Train worker imports (torch and Ray
-    Train; rayguard's own modules take milliseconds), then join the
+    Train, then what a worker of the run imported: :func:`record_modules`), then join the
     run's spare list (a process that becomes a worker leaves it at once)."""
     import ray.train.torch  # noqa: F401
     import torch  # noqa: F401
@@ -90,21 +95,28 @@ def warm() -> None:
 
     directory = os.environ.get(SPARE_DIR_ENV)
     if directory:
-        os.makedirs(directory, exist_ok=True)
+        seen = _mtime(os.path.join(directory, MODULES_FILE))
+        import_recorded(directory)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         with open(os.path.join(directory, str(os.getpid())), "w"):
             pass
-        threading.Thread(target=_outlive_no_run, args=(directory,), name="rayguard-spare",
+        threading.Thread(target=_outlive_no_run, args=(directory, seen), name="rayguard-spare",
                          daemon=True).start()
 
 
-def _outlive_no_run(directory: str) -> None:
-    """An unused spare ends itself once its run is over on this node: the directory gone
-    (:func:`release_spares`), or not touched by a live worker for ``ORPHAN_S`` (the run
-    failed, or its driver went)."""
+def _outlive_no_run(directory: str, seen: float | None = None) -> None:
+    """An unused spare imports what the run's workers import more (:func:`record_modules`,
+    ``seen``: the list's time when it was last imported), and ends itself once its run is
+    over on this node: the directory gone (:func:`release_spares`), or not touched by a
+    live worker for ``ORPHAN_S`` (the run failed, or its driver went)."""
+    modules = os.path.join(directory, MODULES_FILE)
     while not _claimed.is_set():
         time.sleep(POLL_S)
         if _claimed.is_set():
             return
+        if (now := _mtime(modules)) != seen:  # a worker imported more: so does the spare
+            seen = now
+            import_recorded(directory)
         try:
             idle = time.time() - os.stat(directory).st_mtime
         except OSError:
@@ -118,14 +130,94 @@ def _outlive_no_run(directory: str) -> None:
             os._exit(0)
 
 
+_NEVER_IMPORTED = frozenset({"__main__", "__mp_main__", "pytest", "_pytest", "py", "pluggy",
+                             "antigravity", "this"})
+
+
+def _importable(name: str) -> bool:
+    """A module a spare may import by name: not a script's ``__main__`` (run, not imported),
+    nor a test runner's, nor one whose import acts (opens a browser, prints)."""
+    top = name.partition(".")[0]
+    return bool(name) and top not in _NEVER_IMPORTED and not top.startswith("__")
+
+
+_recorded = [-1]
+"""How many modules this process had when it last recorded them (-1: it does not record:
+only the lowest rank of a node does, from its set-up on)."""
+
+
+def record_modules(directory: str | None = None) -> None:
+    """A worker after set-up (the lowest rank of its node): the modules its process has
+    imported, for the node's next spares (written whole, then renamed: a spare never reads
+    half of it); :func:`touch` records them again when the loop has imported more (a loop
+    that imports Transformers in its body)."""
+    import sys
+
+    directory = directory or os.environ.get(SPARE_DIR_ENV)
+    if not directory:
+        return
+    _recorded[0] = len(sys.modules)
+    names = sorted(n for n in list(sys.modules) if _importable(n))
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        part = os.path.join(directory, f".{MODULES_FILE}.{os.getpid()}")
+        with open(part, "w") as f:
+            f.write("\n".join(names))
+        os.replace(part, os.path.join(directory, MODULES_FILE))
+    except OSError as exc:  # best effort: the spare then imports only torch and Ray Train
+        logger.debug("rayguard: the spare's module list was not written: %s", exc)
+
+
+def import_recorded(directory: str) -> int:
+    """Import the modules :func:`record_modules` listed (each best effort: one that fails is
+    left to the worker that needs it; none once this process is claimed); returns how many
+    were imported now."""
+    import importlib
+    import sys
+
+    try:
+        with open(os.path.join(directory, MODULES_FILE)) as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():  # only this user's workers list
+                return 0
+            names = f.read().split()
+    except OSError:
+        return 0
+    imported = 0
+    for name in names:
+        if _claimed.is_set():
+            break
+        if name in sys.modules or not _importable(name):
+            continue
+        try:
+            importlib.import_module(name)
+            imported += 1
+        except BaseException as exc:  # noqa: BLE001 - an import may even sys.exit(); never fatal here
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            logger.debug("rayguard: the spare did not import %s: %s", name, exc)
+    return imported
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
 def touch(directory: str | None = None) -> None:
-    """A live worker's tick: the run still holds this node's spare."""
+    """A live worker's tick: the run still holds this node's spare (and the node's recording
+    rank records its modules again if it has imported more)."""
+    import sys
+
     directory = directory or os.environ.get(SPARE_DIR_ENV)
     if directory:
         try:
             os.utime(directory)
         except OSError:
             pass
+        if 0 <= _recorded[0] != len(sys.modules):
+            record_modules(directory)
 
 
 def claim_process() -> None:
@@ -228,5 +320,6 @@ def release_spares(directory: str | None = None) -> int:
     return ended
 
 
-__all__ = ["HOOK", "KEEP_ALIVE_S", "ORPHAN_S", "SPARE_DIR_ENV", "claim_process", "ensure_spare",
-           "has_setup_hook", "idle_spares", "touch", "prestart", "release_spares", "spare_env", "warm"]
+__all__ = ["HOOK", "KEEP_ALIVE_S", "MODULES_FILE", "ORPHAN_S", "SPARE_DIR_ENV", "claim_process",
+           "ensure_spare", "has_setup_hook", "idle_spares", "import_recorded", "touch",
+           "prestart", "record_modules", "release_spares", "spare_env", "warm"]

@@ -268,16 +268,17 @@ __all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "wait_for_peer", "await_n
 
 def keep_spare(ctx: Any, infos: list[dict[str, Any]]) -> None:
     """After set-up (every rank of the attempt has claimed its process): the lowest rank of
-    each node makes sure the node has a warm spare process (:mod:`rayguard._ray.spare`), in
-    the background."""
+    each node records the modules it has imported and makes sure the node has a warm spare
+    process (:mod:`rayguard._ray.spare`), in the background."""
     import threading
 
-    from rayguard._ray.spare import SPARE_DIR_ENV, ensure_spare
+    from rayguard._ray.spare import SPARE_DIR_ENV, ensure_spare, record_modules
 
     if not os.environ.get(SPARE_DIR_ENV):
         return
     mine = [i["rank"] for i in infos if i and i.get("node_id") == ctx.node_id]
     if mine and ctx.rank == min(mine):
+        record_modules()  # what the spare imports before it waits
         threading.Thread(target=ensure_spare, name="rayguard-spare", daemon=True).start()
 
 

@@ -105,3 +105,81 @@ def test_live_spare_takes_a_bool(value):
 
     with pytest.raises(rayguard.ConfigError, match="live_spare"):
         rayguard.HealthConfig(live_spare=value)
+
+
+def _module(tmp_path, name, body):
+    """A module ``name`` on ``tmp_path`` whose import runs ``body``."""
+    (tmp_path / f"{name}.py").write_text(body)
+    return name
+
+
+def test_the_recording_rank_lists_its_modules_and_again_once_it_imports_more(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setenv(spare.SPARE_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(spare, "_recorded", [-1])
+    spare.touch()  # not the recording rank: nothing written
+    assert not (tmp_path / "run" / spare.MODULES_FILE).exists()
+    spare.record_modules()
+    names = (tmp_path / "run" / spare.MODULES_FILE).read_text().split()
+    assert "rayguard._ray.spare" in names and "json" in names
+    assert not any(n.partition(".")[0] in ("__main__", "pytest", "_pytest") for n in names)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [spare.MODULES_FILE]  # whole
+    name = _module(tmp_path, "rg_spare_later", "X = 1\n")
+    __import__(name)
+    try:
+        spare.touch()  # the loop imported more: listed again
+        assert name in (tmp_path / "run" / spare.MODULES_FILE).read_text().split()
+    finally:
+        sys.modules.pop(name, None)
+
+
+def _spare_process(tmp_path, directory):
+    code = (f"import os, sys; sys.argv.append('default_worker'); sys.path.insert(0, {str(tmp_path)!r}); "
+            f"os.environ[{spare.SPARE_DIR_ENV!r}] = {directory!r}; "
+            "from rayguard._ray import spare; spare.POLL_S = 0.2; "
+            "spare.warm(); import time; time.sleep(60)")
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def _wait_for(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_spare_imports_what_the_workers_imported_before_and_after_it_started(tmp_path):
+    """The list at its start (a module that fails or exits on import is skipped, the others
+    still imported), and a list written while it waits."""
+    run = tmp_path / "run"
+    run.mkdir()
+    bad = _module(tmp_path, "rg_spare_bad", "raise SystemExit(7)\n")
+    first = _module(tmp_path, "rg_spare_first",
+                    f"open({str(tmp_path / 'first.imported')!r}, 'w').close()\n")
+    (run / spare.MODULES_FILE).write_text(f"{bad}\n__main__\n{first}\n")
+    proc = _spare_process(tmp_path, str(run))
+    try:
+        assert _wait_for(tmp_path / "first.imported")
+        assert proc.poll() is None  # the module that exits did not end the spare
+        later = _module(tmp_path, "rg_spare_later2",
+                        f"open({str(tmp_path / 'later.imported')!r}, 'w').close()\n")
+        part = run / ".part"
+        part.write_text(f"{first}\n{later}\n")
+        os.replace(part, run / spare.MODULES_FILE)
+        assert _wait_for(tmp_path / "later.imported")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_claimed_process_imports_nothing_more(tmp_path):
+    (tmp_path / spare.MODULES_FILE).write_text("rg_spare_never\n")
+    _module(tmp_path, "rg_spare_never", "raise AssertionError('imported after the claim')\n")
+    spare._claimed.set()
+    try:
+        assert spare.import_recorded(str(tmp_path)) == 0
+    finally:
+        spare._claimed.clear()
