@@ -120,6 +120,8 @@ class _Attempt:
     first_step: int | None = None
     last_step: int | None = None
     step_time_s: float | None = None
+    replay_time_s: float = 0.0  # the lead rank's measured time of replayed steps
+    replay_steps: int = 0  # ... over this many steps (each after the attempt's first report)
     last_report: float | None = None  # the lead rank's last report (``last_time``)
     outcome: str = "running"
 
@@ -151,6 +153,8 @@ def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _
     a.last_step = max((s for e in steps if (s := _int(e.get("last_step"))) is not None),
                       default=None)
     a.step_time_s = _step_time(steps)
+    a.replay_time_s = sum(_num(e.get("replay_time_s")) or 0.0 for e in steps)
+    a.replay_steps = sum(_int(e.get("replay_steps")) or 0 for e in steps)
     if a.step_time_s is None:
         a.step_time_s = _span_step_time(evs, steps)
     a.first = _first_step_start(a.first, steps, a.step_time_s)
@@ -233,11 +237,26 @@ def _carve(window: float, a: _Attempt, prev_max: int | None,
         reached = _reached(a)
         top = prev_max if reached is None else min(prev_max, reached)
         replayed = max(top - start + 1, 0)
-    if replayed and a.step_time_s is not None:
-        spent = min(replayed * a.step_time_s, left)
+    replay_s = _replay_cost(a, replayed)
+    if replay_s is not None:
+        spent = min(replay_s, left)
         badput["replay"] += spent
         left -= spent
     return left, replayed
+
+
+def _replay_cost(a: _Attempt, replayed: int) -> float | None:
+    """The time of ``replayed`` steps: as the lead rank measured them (``replay_time_s``:
+    each step after the attempt's first report), the first one and any it did not count at
+    the attempt's time per step (``None``: no figure)."""
+    if not replayed:
+        return None
+    measured = min(a.replay_steps, replayed - 1)
+    if measured <= 0:
+        return None if a.step_time_s is None else replayed * a.step_time_s
+    cost = a.replay_time_s * measured / a.replay_steps
+    rest = replayed - measured
+    return cost + rest * a.step_time_s if a.step_time_s is not None else cost
 
 
 def _reached(a: _Attempt) -> int | None:

@@ -28,7 +28,7 @@ def _num(value: Any) -> float | None:
 
 def _merge_steps(into: dict[str, Any], e: dict[str, Any]) -> None:
     """One rank's step summaries of one attempt as one: the sums added, the spans widened."""
-    for key in ("step_time_sum_s", "intervals", "reports"):
+    for key in ("step_time_sum_s", "intervals", "reports", "replay_time_s", "replay_steps"):
         if isinstance(e.get(key), (int, float)):
             into[key] = into.get(key, 0) + e[key]
     first = _num(e.get("first_time")) or _num(e.get("time"))

@@ -33,6 +33,7 @@ class StepTimer:
         self._last_sent: float | None = None
         self._stride = 1
         self._begin_time: float | None = None
+        self._replay_until: int | None = None
         self._reset()
 
     def end_attempt(self) -> dict[str, Any] | None:
@@ -40,6 +41,7 @@ class StepTimer:
         steps are its own, and the next attempt's first report starts afresh."""
         summary = self.take()
         self._last_report = self._last_sent = None
+        self._replay_until = None
         return summary
 
     def begin(self) -> None:
@@ -50,7 +52,16 @@ class StepTimer:
         if self._last_report is None:
             self._begin_time = self._wall()
 
+    def replaying(self, until: int | None) -> None:
+        """The loop restarts from a restore: its steps up to ``until`` (the highest step the
+        run reached before) are replayed; their measured time is sent as ``replay_time_s``
+        over ``replay_steps`` (each step's time after the attempt's first report), so that
+        goodput counts what the replay took, not an average step."""
+        self._replay_until = until
+
     def _reset(self) -> None:
+        self.replay_time_s = 0.0
+        self.replay_steps = 0
         self.reports = 0
         self.intervals = 0
         self.step_time_sum_s = 0.0
@@ -72,10 +83,15 @@ class StepTimer:
         if self._last_report is not None:
             dt = now - self._last_report - blocked_s  # this report's own blocking is not the step
             dt = max(dt, 0.0)
+            if self._replay_until is not None and step <= self._replay_until:
+                self.replay_time_s += dt
+                self.replay_steps += 1
             self.intervals += 1
             self.step_time_sum_s += dt
             self.step_time_max_s = max(self.step_time_max_s, dt)
         self._last_report = now
+        if self._replay_until is not None and step > self._replay_until:
+            self._replay_until = None  # the replay is over
         self.reports += 1
         self.blocked_sum_s += blocked_s
         self.blocked_max_s = max(self.blocked_max_s, blocked_s)
@@ -116,6 +132,8 @@ class StepTimer:
             "first_step": self.first_step, "last_step": self.last_step,
             "first_time": self.first_time, "last_time": self.last_time,
             **({"begin_time": self.begin_time} if self.begin_time is not None else {}),
+            **({"replay_time_s": self.replay_time_s, "replay_steps": self.replay_steps}
+               if self.replay_steps else {}),
             "metric": self.metric, "samples": self.samples,
         }
         self._reset()

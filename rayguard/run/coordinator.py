@@ -46,6 +46,8 @@ class RunCoordinator(MemoryHost):
         self._failures: dict[int, list[FailureRecord]] = {}
         self._commits: dict[int, int] = {}
         self._progress: dict[str, Any] = {}
+        self._high_step: int | None = None
+        """The highest step the run is known to have reached (reports, summaries, faults)."""
         self._commit_steps: list[int] = []
         """Steps of the checkpoints this fit() committed, in commit order."""
         self._group_started: dict[int, float] = {}  # attempt -> when its group was asked for
@@ -77,6 +79,8 @@ class RunCoordinator(MemoryHost):
             self._store[LAST_COMMITTED_KEY] = event.get("path")
         if event.get("kind") == "restart":
             self._stamp_progress(event)
+        if event.get("kind") not in ("restored", "start"):
+            self._reached(event.get("last_step", event.get("step")))
         if event.get("kind") in NOTABLE_KINDS:
             self._notable.append(event)
         if event.get("kind") == "attempt_started" and event["attempt"] in self._group_started:
@@ -198,6 +202,16 @@ class RunCoordinator(MemoryHost):
         """Rank 0's step, metrics, time and world size, stamped with the attempt they are of
         (the one running now unless the update names its own)."""
         self._progress.update(dict({"attempt": self.attempt()}, **update))
+        self._reached(update.get("step"))
+
+    def _reached(self, step: Any) -> None:
+        if isinstance(step, int) and not isinstance(step, bool):
+            self._high_step = step if self._high_step is None else max(self._high_step, step)
+
+    def high_step(self) -> int | None:
+        """The highest step the run is known to have reached: a restored attempt replays the
+        steps up to it (what the goodput planner reads from the log)."""
+        return self._high_step
 
     def get_progress(self) -> dict[str, Any]:
         """The progress line's data: the running attempt's step (none until it reported),

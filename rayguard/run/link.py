@@ -133,6 +133,17 @@ class RunLink(MemoryCalls):
 
         return ray.get(self.actor.get.remote(key), timeout=self.timeouts.answer_s)
 
+    def high_step(self) -> int | None:
+        """The highest step the run is known to have reached (``None``: unknown)."""
+        import ray
+
+        try:
+            value = ray.get(self.actor.high_step.remote(), timeout=self.timeouts.answer_s)
+        except Exception as exc:  # a goodput figure: never fail a restore for it
+            logger.debug("rayguard: the run's highest step is unknown: %s", exc)
+            return None
+        return value if isinstance(value, int) else None
+
     def wait_for(self, key: str, timeout_s: float | None = None) -> Any:
         """A fact another rank leaves, waited for (a wait is progress)."""
         import ray
@@ -307,6 +318,9 @@ class NullLink(NullMemoryCalls, RunLink):
         return None
 
     def get(self, key: str) -> Any:
+        return None
+
+    def high_step(self) -> int | None:
         return None
 
     def wait_for(self, key: str, timeout_s: float | None = None) -> Any:

@@ -155,10 +155,14 @@ class WorkerSession:
         verifies (``None``: a fresh start)."""
         self.injector.on_load()
         self.load_count += 1
+        before = self.last_step  # an in-place rollback: the step this process reached
         restored = self.checkpointer.load(sharded, load_count=self.load_count,
                                           on_chosen=self._loading)
         self.watchdog.heartbeat()
         self.timer.begin()
+        if restored is not None and self.ctx.rank == 0:  # the lead rank times the replay
+            known = [s for s in (self.link.high_step(), before) if isinstance(s, int)]
+            self.timer.replaying(max(known) if known else None)
         self.pacing.resumed()  # the checkpoint interval counts the work from here
         self._plan_data_skip(None if restored is None else restored.step)
         if restored is None:

@@ -38,7 +38,9 @@ def long_log(seed: int, summaries: int, short_p: float = 0.3) -> list[dict[str, 
                                "step_time_sum_s": n * 0.1, "reports": n + 1,
                                "first_time": t - 4 + rank * 0.01, "last_time": t,
                                "time": t + 0.01, "samples": [[1, 2.0]] * 10,
-                               **({"begin_time": t - 4.5} if i == 0 else {})})
+                               **({"begin_time": t - 4.5} if i == 0 else {}),
+                               **({"replay_time_s": n * 0.3, "replay_steps": n}
+                                  if i == 0 and attempt and n else {})})
             step += 50
             t += 5 if short else 0
             if rng.random() < 0.5:

@@ -402,3 +402,40 @@ def test_the_recommendation_line_keeps_a_short_interval_readable():
                          failures=0, checkpoints=6, used_interval_s=0.05, unbounded_s=41.6)
     assert rec.line().endswith("this run checkpointed every 0.05 s")
     assert "60 s maximises goodput" in rec.line()
+
+
+def test_replayed_steps_cost_what_the_lead_rank_measured():
+    """After a restore the first steps run slower (a spare process starting beside them, a
+    cold cache): the replay is the time the lead rank measured for its replayed steps, the
+    attempt's first step and any step it did not count at the attempt's time per step."""
+    events = kill_with_restore()
+    replayed = events[10]  # attempt 1's first summary: steps 20..20
+    assert replayed["kind"] == "steps" and replayed["attempt"] == 1
+    events[11] = dict(events[11], replay_time_s=30.0, replay_steps=25)  # steps 21..45
+    g = goodput(events)
+    assert_partition(g)
+    assert g.replayed_steps == 26
+    assert g.badput_s["replay"] == pytest.approx(30.0 + 0.5)  # step 20 at 0.5 s
+    assert g.productive_s == pytest.approx(61 - 17.5)
+    # a worker that knew less of the run (fewer steps counted): the rest at 0.5 s each
+    events[11] = dict(events[11], replay_time_s=12.0, replay_steps=10)
+    assert goodput(events).badput_s["replay"] == pytest.approx(12.0 + 16 * 0.5)
+    # one that counted more than the log shows replayed: its figure scaled to the 25
+    events[11] = dict(events[11], replay_time_s=60.0, replay_steps=50)
+    assert goodput(events).badput_s["replay"] == pytest.approx(30.0 + 0.5)
+
+
+def test_the_coordinator_knows_the_highest_step_the_run_reached(tmp_path):
+    from rayguard.run.coordinator import RunCoordinator
+
+    coordinator = RunCoordinator(str(tmp_path / "events.jsonl"))
+    assert coordinator.high_step() is None
+    coordinator.new_attempt()
+    coordinator.progress({"step": 7})
+    coordinator.record(make_event("steps", "rank 1", rank=1, attempt=0, last_step=12, step=12))
+    coordinator.record(make_event("fault_injected", "kill", rank=1, attempt=0, step=13))
+    assert coordinator.high_step() == 13
+    coordinator.new_attempt()
+    coordinator.record(make_event("restored", "restored", rank=0, attempt=1, step=4))
+    coordinator.progress({"step": 5})
+    assert coordinator.high_step() == 13  # the restore and the replay do not lower it

@@ -111,3 +111,29 @@ def test_health_config_timing_defaults():
     h = HealthConfig()
     assert (h.step_summary_interval_s, h.straggler_threshold, h.straggler_window_s) == (5.0, 1.5, 60.0)
     assert HealthConfig(straggler_threshold=None).straggler_threshold is None
+
+
+def test_step_timer_times_the_replayed_steps_apart():
+    clock = Clock()
+    timer = StepTimer(interval_s=100.0, clock=clock, wall=clock)
+    timer.replaying(12)  # restored at step 9: steps 10..12 run again
+    timer.on_report(10, {}, blocked_s=0.0)  # the first report: the planner's to time
+    for step, dt in ((11, 2.0), (12, 3.0), (13, 0.5), (14, 0.5)):
+        clock.t += dt
+        timer.on_report(step, {}, blocked_s=0.0)
+    s = timer.take()
+    assert s["replay_time_s"] == pytest.approx(5.0) and s["replay_steps"] == 2
+    assert s["step_time_sum_s"] == pytest.approx(6.0)
+    clock.t += 0.5
+    timer.on_report(12, {}, blocked_s=0.0)  # past the replay: a later step 12 is no replay
+    assert "replay_steps" not in timer.take()
+
+
+def test_step_timer_without_a_replay_sends_no_replay_fields():
+    clock = Clock()
+    timer = StepTimer(interval_s=100.0, clock=clock, wall=clock)
+    timer.replaying(None)
+    for step in range(3):
+        clock.t += 1.0
+        timer.on_report(step, {}, blocked_s=0.0)
+    assert "replay_time_s" not in timer.take()
