@@ -40,7 +40,11 @@ chose against Daly's optimum (within 20%?) and its goodput against the best fixe
 
     .venv/bin/python tests/benchmarks/bench_goodput.py --quick
     .venv/bin/python tests/benchmarks/bench_goodput.py [--modes torch,sync,async,memory,paced]
+    .venv/bin/python tests/benchmarks/bench_goodput.py --long --modes torch,sync,live,live-memory
     .venv/bin/python tests/benchmarks/bench_goodput.py --interval-check
+
+Per fault it prints its cost (to the first new step) and the time to the next step completed
+(a replayed one too: what live recovery's target counts).
 """
 
 from __future__ import annotations
@@ -188,7 +192,8 @@ def _mark(out, row):
 def measure(marks, wall_s):
     """ETTR from the loop's marks: new steps' time (less checkpoint blocking) / wall; and
     ``work``: new steps' own work only (before their report), the report's time left out.
-    A fault's cost: the fault to the first new step of the next attempt (worker group)."""
+    A fault's cost: the fault to the first new step of the next attempt (worker group); its
+    ``next``: the fault to the next step completed (a replayed one too)."""
     steps = sorted((m for m in marks if m["what"] == "step"), key=lambda m: m["end"])
     best, productive, work, new_at = -1, 0.0, 0.0, []
     for m in steps:
@@ -197,15 +202,18 @@ def measure(marks, wall_s):
             work += m.get("work", 0.0)
             best = m["step"]
             new_at.append((m["start"], m["attempt"]))
-    costs = []
+    costs, nexts = [], []
     for k in sorted((m for m in marks if m["what"] == "fault"), key=lambda m: m["time"]):
         before = [m["attempt"] for m in steps if m["end"] <= k["time"]]
         group = before[-1] if before else None
         later = [t for t, a in new_at if t > k["time"] and a != group]
         costs.append((k["kind"], later[0] - k["time"] if later else None))
+        done = [m["end"] for m in steps if m["end"] > k["time"] and m["attempt"] != group]
+        nexts.append((k["kind"], done[0] - k["time"] if done else None))
     pids = sorted({m["pid"] for m in steps if "pid" in m})
     return {"ettr": productive / wall_s, "productive_s": productive, "wall_s": wall_s,
-            "work_ettr": work / wall_s, "fault_costs_s": costs, "rank0_pids": len(pids)}
+            "work_ettr": work / wall_s, "fault_costs_s": costs, "fault_next_s": nexts,
+            "rank0_pids": len(pids)}
 
 
 def fault_spec(args):
@@ -294,6 +302,9 @@ def table(rows):
         lines.append((f"cost of {kind} s", [", ".join(
             _cell(c, "{:.1f}") for k, c in rows[n]["fault_costs_s"] if k == kind) or "-"
             for n in names]))
+        lines.append((f"{kind} to next step s", [", ".join(
+            _cell(c, "{:.1f}") for k, c in rows[n].get("fault_next_s", []) if k == kind) or "-"
+            for n in names]))
     for cause in CAUSES:
         lines.append((f"badput {cause} s", [_cell(get[n] and get[n].badput_s[cause], "{:.1f}")
                                             for n in names]))
@@ -339,11 +350,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="iteration: sync only, 30 steps, one kill, no hang/NaN/preempt, "
                              "no fault-free run")
+    parser.add_argument("--long", action="store_true",
+                        help="the goodput issue's job: 400 steps of 50 ms, 64 MiB of state, a "
+                             "checkpoint every 25 steps, rank 1 killed at steps 130 and 270, "
+                             "no hang, NaN or preemption (the live modes' spare is warm by then)")
     parser.add_argument("--interval-check", action="store_true")
     parser.add_argument("--keep", default=None, help="keep the runs (event logs) under DIR")
     parser.add_argument("--kill-every-s", type=float, default=20.0)
     parser.add_argument("--prior-factor", type=float, default=4.0)
     args = parser.parse_args()
+    if args.long:
+        args.steps, args.step_s, args.state_mib, args.every = 400, 0.05, 64.0, 25
+        args.kills, args.hang, args.nan, args.preempt = "130,270", -1, -1, -1
     if args.quick:
         args.kills, args.hang, args.nan, args.preempt = "12", -1, -1, -1
         args.modes, args.no_clean = "sync", True
