@@ -34,9 +34,10 @@ ratio equals the benchmark's within 5%.
 
 ``--interval-check``: the checkpoint interval on a real run. Rank 1 is killed every
 ``--kill-every-s`` seconds of wall time; a ``paced`` run (prior ``mtbf_s`` of
-``--prior-factor`` times the truth) and three fixed intervals (1/4, 1 and 4 times Daly's optimum
-for the paced run's measured cost) run the same loop; it prints the interval the paced run
-chose against Daly's optimum (within 20%?) and its goodput against the best fixed interval.
+``--prior-factor`` times the truth) and three fixed intervals (``--factors``: 1/2, 1 and 2
+times Daly's optimum for the paced run's measured cost) run the same loop, each
+``--repeats`` times in a rotated order; it prints the interval the paced run chose against
+Daly's optimum (within 20%?) and its median goodput against the best fixed interval's.
 
     .venv/bin/python tests/benchmarks/bench_goodput.py --quick
     .venv/bin/python tests/benchmarks/bench_goodput.py [--modes torch,sync,async,memory,paced]
@@ -358,6 +359,10 @@ def main() -> None:
     parser.add_argument("--keep", default=None, help="keep the runs (event logs) under DIR")
     parser.add_argument("--kill-every-s", type=float, default=20.0)
     parser.add_argument("--prior-factor", type=float, default=4.0)
+    parser.add_argument("--factors", default="0.5,1,2",
+                        help="--interval-check: the fixed intervals, times Daly's optimum")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="--interval-check: runs of each, in a rotated order (medians)")
     args = parser.parse_args()
     if args.long:
         args.steps, args.step_s, args.state_mib, args.every = 400, 0.05, 64.0, 25

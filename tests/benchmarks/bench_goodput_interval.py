@@ -10,9 +10,11 @@ between two commits of the same attempt, less the save itself), from its second 
 (the first has seen no failure yet and holds to the prior). A short fault-free run warms the
 cluster first, so that the paced run, the first of the four, is not the one that meets it
 cold. Daly's optimum is
-``daly_interval(C, MTBF)`` for the true MTBF. Then three fixed intervals, 1/4, 1 and 4 times
-that optimum (a checkpoint every so many steps), run the same loop and the same faults; the
-benchmark's own ETTR of each (from the loop's marks) is printed beside the paced run's.
+``daly_interval(C, MTBF)`` for the true MTBF. Then fixed intervals, ``--factors`` times
+that optimum (default 1/2, 1 and 2; a checkpoint every so many steps), run the same loop and
+the same faults; the benchmark's own ETTR of each (from the loop's marks) is printed beside
+the paced run's. ``--repeats N`` runs the whole set N times, the order rotated each time (no
+configuration always meets the machine in the same state), and compares the medians.
 A fixed interval longer than the work an attempt gets between two kills never commits and
 ends at the restart budget: it is printed as DID NOT FINISH, with its ETTR up to then.
 The product's figure is printed too, but here it is an upper bound: the loop's own kills
@@ -51,6 +53,7 @@ def interval_check(args, root, run_once):
     args.mtbf_s = args.prior_factor * mtbf
     args.kills, args.hang, args.nan, args.preempt = [], -1, -1, -1
     extra = {"kill_every_s": mtbf}
+    factors = [float(f) for f in args.factors.split(",") if f]
     steps, args.steps = args.steps, 20  # a warm-up: no run of the four meets a cold cluster
     run_once("sync", args, root, faults=False)
     args.steps = steps
@@ -58,32 +61,47 @@ def interval_check(args, root, run_once):
     events = read(paced["run_dir"])
     cost = statistics.mean(costs(events))
     optimum = daly_interval(cost, mtbf)
-    chosen = chosen_intervals(events)
-    later = [g for attempt, gaps in chosen.items() if attempt >= 1 for g in gaps]
     print(f"measured checkpoint cost {cost:.3f} s, true MTBF {mtbf:.0f} s (prior "
           f"{args.mtbf_s:.0f} s): Daly's optimum {optimum:.2f} s", flush=True)
-    for attempt, gaps in sorted(chosen.items()):
-        shown = ", ".join(f"{g:.2f}" for g in gaps) or "-"
-        ratio = f" ({statistics.mean(gaps) / optimum:.2f}x the optimum)" if gaps else ""
-        print(f"  attempt {attempt}: intervals kept {shown} s{ratio}", flush=True)
-    rows = {"paced": paced}
-    for factor in (0.25, 1.0, 4.0):
-        every = max(1, round(factor * optimum / args.step_s))
-        rows[f"every {every} steps ({factor:g}x)"] = run_once(
-            "sync", args, root, faults=False, every=every, extra=extra)
-    for name, row in rows.items():
-        g = row.get("product")
-        product = "-" if g is None else f"{g.ratio:.3f}"
-        ended = f"  DID NOT FINISH ({row['failed']})" if row.get("failed") else ""
-        print(f"{name:26s} ETTR {row['ettr']:.3f} (product {product})  wall "
-              f"{row['wall_s']:.1f} s  kills {len(row['fault_costs_s'])}{ended}", flush=True)
+    fixed = {f"every {max(1, round(f * optimum / args.step_s))} steps ({f:g}x)":
+             max(1, round(f * optimum / args.step_s)) for f in factors}
+    runs = {"paced": [paced], **{name: [] for name in fixed}}
+    names = list(runs)
+    for repeat in range(args.repeats):
+        order = names[repeat % len(names):] + names[:repeat % len(names)]  # rotated
+        for name in order:
+            if repeat == 0 and name == "paced":
+                continue  # ran first, for the cost
+            if name == "paced":
+                runs[name].append(run_once("paced", args, root, faults=False, extra=extra))
+            else:
+                runs[name].append(run_once("sync", args, root, faults=False,
+                                           every=fixed[name], extra=extra))
+    later = []
+    for i, row in enumerate(runs["paced"]):
+        for attempt, gaps in sorted(chosen_intervals(read(row["run_dir"])).items()):
+            shown = ", ".join(f"{g:.2f}" for g in gaps) or "-"
+            ratio = f" ({statistics.mean(gaps) / optimum:.2f}x the optimum)" if gaps else ""
+            print(f"  paced run {i + 1}, attempt {attempt}: intervals kept {shown} s{ratio}",
+                  flush=True)
+            later += gaps if attempt >= 1 else []
+    medians = {}
+    for name, rows in runs.items():
+        cells = []
+        for row in rows:
+            g = row.get("product")
+            ended = " DID NOT FINISH" if row.get("failed") else ""
+            cells.append(f"{row['ettr']:.3f} (product {'-' if g is None else f'{g.ratio:.3f}'},"
+                         f" wall {row['wall_s']:.0f} s, kills {len(row['fault_costs_s'])}{ended})")
+        medians[name] = statistics.median(r["ettr"] for r in rows)
+        print(f"{name:26s} ETTR median {medians[name]:.3f}: " + "; ".join(cells), flush=True)
     if later:
         mean = statistics.mean(later)
         print(f"chosen interval (attempts >= 1) {mean:.2f} s = {mean / optimum:.2f}x Daly's "
               f"optimum: {'within' if abs(mean / optimum - 1) <= 0.2 else 'NOT within'} 20%")
     else:
         print("chosen interval: no two commits in an attempt after the first failure")
-    best = max((r["ettr"], n) for n, r in rows.items() if n != "paced")
-    verdict = "at least" if paced["ettr"] >= best[0] else "below"
-    print(f"paced goodput {paced['ettr']:.3f} is {verdict} the best fixed interval's "
-          f"({best[1]}: {best[0]:.3f})")
+    best = max((m, n) for n, m in medians.items() if n != "paced")
+    verdict = "at least" if medians["paced"] >= best[0] else "below"
+    print(f"paced goodput (median of {len(runs['paced'])}) {medians['paced']:.3f} is {verdict} "
+          f"the best fixed interval's ({best[1]}: {best[0]:.3f})")
