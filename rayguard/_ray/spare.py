@@ -14,8 +14,10 @@ of a live run keeps one:
   has imported (:func:`record_modules`: the user's loop, Transformers or Lightning,
   rayguard's worker modules) and asks its raylet to prestart one process of exactly its own
   runtime environment (:func:`ensure_spare`; Ray's ``PrestartWorkers``, kept alive
-  ``KEEP_ALIVE_S``), unless the node has one; the spare imports those modules too, so a
-  replacement imports next to nothing before its set-up;
+  ``KEEP_ALIVE_S``), unless the node has one; the spare, while it runs no actor, imports
+  those modules too, so a replacement imports next to nothing before its set-up (a spare
+  whose imports made a CUDA call ends itself: it read the GPUs before Ray set
+  ``CUDA_VISIBLE_DEVICES``; the run's later spares import no list);
 * the process that Ray then gives a replacement is that spare, torch already imported;
   it leaves the spare list at set-up (:func:`claim_process`) and the new attempt's set-up
   prestarts the next one;
@@ -49,6 +51,12 @@ HOOK = "rayguard._ray.spare.warm"
 MODULES_FILE = "modules"
 """In a run's spare directory: the modules a worker of the node had imported after set-up
 (one name a line), which a spare imports before it waits."""
+CUDA_FILE = "modules.cuda"
+"""In a run's spare directory: a spare's import of the module list made a CUDA call; the
+later spares import no list."""
+FIRST_S = 1.0
+"""A new process waits this long before it imports the list: a worker has its actor by
+then and imports nothing; a spare is still idle."""
 ORPHAN_S = 120.0
 """An unused spare whose run's workers on its node have not ticked this long ends itself."""
 
@@ -87,36 +95,39 @@ def has_setup_hook(env_vars: dict[str, str]) -> bool:
 
 def warm() -> None:
     """Ray's worker-process set-up hook: import what a Train worker imports (torch and Ray
-    Train, then what a worker of the run imported: :func:`record_modules`), then join the
-    run's spare list (a process that becomes a worker leaves it at once)."""
+    Train), then join the run's spare list (a process that becomes a worker leaves it at
+    once); an idle one goes on to import what a worker of the run imported
+    (:func:`record_modules`)."""
     import ray.train.torch  # noqa: F401
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
     directory = os.environ.get(SPARE_DIR_ENV)
     if directory:
-        seen = _mtime(os.path.join(directory, MODULES_FILE))
-        import_recorded(directory)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         with open(os.path.join(directory, str(os.getpid())), "w"):
             pass
-        threading.Thread(target=_outlive_no_run, args=(directory, seen), name="rayguard-spare",
+        threading.Thread(target=_outlive_no_run, args=(directory,), name="rayguard-spare",
                          daemon=True).start()
 
 
-def _outlive_no_run(directory: str, seen: float | None = None) -> None:
-    """An unused spare imports what the run's workers import more (:func:`record_modules`,
-    ``seen``: the list's time when it was last imported), and ends itself once its run is
-    over on this node: the directory gone (:func:`release_spares`), or not touched by a
-    live worker for ``ORPHAN_S`` (the run failed, or its driver went)."""
+def _outlive_no_run(directory: str) -> None:
+    """While this process runs no actor (a spare), it imports what the run's workers
+    imported (:func:`record_modules`; first ``FIRST_S`` after its start, then whenever the
+    list changes), and ends itself once its run is over on this node: the directory gone
+    (:func:`release_spares`), or not touched by a live worker for ``ORPHAN_S`` (the run
+    failed, or its driver went). A process that Ray gives an actor at once (a new worker)
+    imports nothing here."""
     modules = os.path.join(directory, MODULES_FILE)
+    seen, wait_s = None, FIRST_S
     while not _claimed.is_set():
-        time.sleep(POLL_S)
-        if _claimed.is_set():
+        time.sleep(wait_s)
+        wait_s = POLL_S
+        if _claimed.is_set() or not _idle():
             return
         if (now := _mtime(modules)) != seen:  # a worker imported more: so does the spare
             seen = now
-            import_recorded(directory)
+            _import_list(directory)
         try:
             idle = time.time() - os.stat(directory).st_mtime
         except OSError:
@@ -168,6 +179,51 @@ def record_modules(directory: str | None = None) -> None:
         logger.debug("rayguard: the spare's module list was not written: %s", exc)
 
 
+def _idle() -> bool:
+    """This process runs no actor (yet): a spare. Ray gives a worker its actor right after
+    its start, so a worker's thread stops before it imports the list."""
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is None
+    except Exception:
+        return False
+
+
+def _cuda_loaded() -> bool:
+    """Whether this process has the CUDA driver library mapped (a CUDA call was made)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libcuda.so" in f.read()
+    except OSError:
+        return False
+
+
+def _import_list(directory: str) -> None:
+    """Import the recorded modules. If one of them made a CUDA call on import, this process
+    has read the node's GPUs before Ray set its ``CUDA_VISIBLE_DEVICES``: it must never
+    become a worker. It ends itself, and the run's later spares import no list
+    (:data:`CUDA_FILE`)."""
+    if os.path.exists(os.path.join(directory, CUDA_FILE)):
+        return
+    before = _cuda_loaded()
+    import_recorded(directory)
+    if before or not _cuda_loaded():
+        return
+    logger.warning("rayguard: a module the workers imported initialises CUDA when imported; "
+                   "the run's spare processes import only torch and Ray Train from now on")
+    try:
+        with open(os.path.join(directory, CUDA_FILE), "w"):
+            pass
+    except OSError:
+        pass
+    if _idle() and not _claimed.is_set():
+        try:
+            os.unlink(os.path.join(directory, str(os.getpid())))
+        finally:
+            os._exit(0)
+
+
 def import_recorded(directory: str) -> int:
     """Import the modules :func:`record_modules` listed (each best effort: one that fails is
     left to the worker that needs it; none once this process is claimed); returns how many
@@ -184,7 +240,7 @@ def import_recorded(directory: str) -> int:
         return 0
     imported = 0
     for name in names:
-        if _claimed.is_set():
+        if _claimed.is_set() or not _idle():
             break
         if name in sys.modules or not _importable(name):
             continue
@@ -320,6 +376,7 @@ def release_spares(directory: str | None = None) -> int:
     return ended
 
 
-__all__ = ["HOOK", "KEEP_ALIVE_S", "MODULES_FILE", "ORPHAN_S", "SPARE_DIR_ENV", "claim_process",
-           "ensure_spare", "has_setup_hook", "idle_spares", "import_recorded", "touch",
-           "prestart", "record_modules", "release_spares", "spare_env", "warm"]
+__all__ = ["CUDA_FILE", "FIRST_S", "HOOK", "KEEP_ALIVE_S", "MODULES_FILE", "ORPHAN_S",
+           "SPARE_DIR_ENV", "claim_process", "ensure_spare", "has_setup_hook", "idle_spares",
+           "import_recorded", "touch", "prestart", "record_modules", "release_spares",
+           "spare_env", "warm"]

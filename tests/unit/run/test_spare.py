@@ -60,6 +60,7 @@ def test_an_orphaned_spare_ends_itself(tmp_path):
     code = (f"import os, sys; sys.argv.append('default_worker'); "
             f"os.environ[{spare.SPARE_DIR_ENV!r}] = {str(tmp_path / 'run')!r}; "
             "from rayguard._ray import spare; spare.ORPHAN_S, spare.POLL_S = 0.5, 0.2; "
+            "spare._idle = lambda: True; "  # no Ray here: it runs no actor
             "spare.warm(); import time; time.sleep(30); sys.exit(3)")
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
@@ -134,10 +135,12 @@ def test_the_recording_rank_lists_its_modules_and_again_once_it_imports_more(tmp
         sys.modules.pop(name, None)
 
 
-def _spare_process(tmp_path, directory):
+def _spare_process(tmp_path, directory, extra=""):
     code = (f"import os, sys; sys.argv.append('default_worker'); sys.path.insert(0, {str(tmp_path)!r}); "
             f"os.environ[{spare.SPARE_DIR_ENV!r}] = {directory!r}; "
-            "from rayguard._ray import spare; spare.POLL_S = 0.2; "
+            "from rayguard._ray import spare; spare.POLL_S = spare.FIRST_S = 0.2; "
+            "spare._idle = lambda: True; "  # no Ray here: it runs no actor
+            f"spare._cuda_loaded = lambda: 'rg_spare_cuda' in sys.modules; {extra}"
             "spare.warm(); import time; time.sleep(60)")
     return subprocess.Popen([sys.executable, "-c", code])
 
@@ -175,11 +178,43 @@ def test_a_spare_imports_what_the_workers_imported_before_and_after_it_started(t
         proc.wait()
 
 
-def test_a_claimed_process_imports_nothing_more(tmp_path):
+def test_a_claimed_process_or_one_with_an_actor_imports_nothing_more(tmp_path, monkeypatch):
     (tmp_path / spare.MODULES_FILE).write_text("rg_spare_never\n")
     _module(tmp_path, "rg_spare_never", "raise AssertionError('imported after the claim')\n")
+    monkeypatch.setattr(spare, "_idle", lambda: True)
     spare._claimed.set()
     try:
         assert spare.import_recorded(str(tmp_path)) == 0
     finally:
         spare._claimed.clear()
+    monkeypatch.setattr(spare, "_idle", lambda: False)  # Ray gave it an actor
+    assert spare.import_recorded(str(tmp_path)) == 0
+
+
+def test_outside_a_ray_worker_no_process_counts_as_idle():
+    code = ("import ray; from rayguard._ray import spare; "
+            "assert spare._idle() is False; assert not ray.is_initialized()")  # none started
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_spare_whose_imports_touch_cuda_ends_itself_and_the_next_imports_no_list(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cuda = _module(tmp_path, "rg_spare_cuda", "X = 1\n")  # reads as a CUDA call (see above)
+    (run / spare.MODULES_FILE).write_text(f"{cuda}\n")
+    proc = _spare_process(tmp_path, str(run))
+    try:
+        assert proc.wait(timeout=60) == 0  # ended itself, not after its sleep
+    finally:
+        proc.kill()
+    assert (run / spare.CUDA_FILE).exists()
+    assert [p.name for p in run.iterdir() if p.name.isdigit()] == []  # left the list
+    first = _module(tmp_path, "rg_spare_after", f"open({str(tmp_path / 'after')!r}, 'w').close()\n")
+    (run / spare.MODULES_FILE).write_text(f"{first}\n")
+    proc = _spare_process(tmp_path, str(run))
+    try:
+        time.sleep(3)
+        assert proc.poll() is None and not (tmp_path / "after").exists()  # no list imported
+    finally:
+        proc.kill()
+        proc.wait()
