@@ -213,7 +213,11 @@ def test_a_spare_whose_imports_touch_cuda_ends_itself_and_the_next_imports_no_li
     (run / spare.MODULES_FILE).write_text(f"{first}\n")
     proc = _spare_process(tmp_path, str(run))
     try:
-        time.sleep(3)
+        deadline = time.monotonic() + 60
+        while not any(p.name.isdigit() for p in run.iterdir()):  # its hook is done
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(1.0)  # five times its wait before the list (FIRST_S = 0.2 here)
         assert proc.poll() is None and not (tmp_path / "after").exists()  # no list imported
     finally:
         proc.kill()
