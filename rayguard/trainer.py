@@ -26,6 +26,7 @@ from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 from rayguard._ray.live_backend import apply_live
 from rayguard._ray.spare import has_setup_hook, spare_env
 from rayguard._ray.train import GuardHooksTrainer  # a ray.train.torch.TorchTrainer
+from rayguard.checkpoint.interval_advice import interval_settings
 from rayguard.config import GuardConfig
 from rayguard.constants import (
     EVENTS_FILENAME,
@@ -224,7 +225,8 @@ class RobustTrainer(GuardHooksTrainer):
             logger.info("%s", self._budget_note)
         coordinator.record.remote(make_event(
             "start", f"fit() started: {self.scaling_config.num_workers} worker(s), run dir {run_dir}",
-            guard_config=repr(self.guard_config)))
+            guard_config=repr(self.guard_config), interval_settings=interval_settings(
+                self.guard_config.checkpoint)))
         interval = self.guard_config.progress_interval_s
         printer = ProgressPrinter(coordinator, interval).start() if interval else None
         try:

@@ -150,12 +150,36 @@ def _cost(event: dict[str, Any]) -> float | None:
     return _number(event.get("seconds"))
 
 
+def interval_settings(checkpoint: Any) -> dict[str, float]:
+    """What a run's ``start`` event says of its ``CheckpointConfig`` (``interval_settings``),
+    so that ``rayguard events --goodput`` and the report advise with the run's own prior
+    and bounds, as the driver's last line does."""
+    values = {"mtbf_s": checkpoint.mtbf_s, "min_interval_s": checkpoint.min_interval_s,
+              "max_interval_s": checkpoint.max_interval_s}
+    return {k: float(v) for k, v in values.items() if v is not None}  # mtbf_s None: the default
+
+
+def _logged_settings(events: list[dict[str, Any]]) -> dict[str, float]:
+    """The newest ``start`` event's ``interval_settings`` (positive numbers only)."""
+    for event in reversed(events):
+        if event.get("kind") == "start" and isinstance(event.get("interval_settings"), dict):
+            return {k: float(v) for k, v in event["interval_settings"].items()
+                    if k in ("mtbf_s", "min_interval_s", "max_interval_s")
+                    and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+    return {}
+
+
 def recommend_interval(events: Iterable[dict[str, Any]], *, mtbf_s: float | None = None,
-                       min_interval_s: float = 60.0,
-                       max_interval_s: float = 3600.0) -> Recommendation:
+                       min_interval_s: float | None = None,
+                       max_interval_s: float | None = None) -> Recommendation:
     """The interval that would have maximised this log's goodput (``mtbf_s``: the prior, as
-    ``CheckpointConfig(mtbf_s)``; the bounds as ``CheckpointConfig``'s)."""
+    ``CheckpointConfig(mtbf_s)``; the bounds as ``CheckpointConfig``'s; each not given: as
+    the run's ``start`` event recorded it, else the defaults: a 24 h prior, 60 s to 1 h)."""
     events = [e for e in events if isinstance(e, dict)]
+    logged = _logged_settings(events)
+    mtbf_s = logged.get("mtbf_s") if mtbf_s is None else mtbf_s
+    min_interval_s = logged.get("min_interval_s", 60.0) if min_interval_s is None else min_interval_s
+    max_interval_s = logged.get("max_interval_s", 3600.0) if max_interval_s is None else max_interval_s
     history = failure_history(events)
     commits = [e for e in events if e.get("kind") == "checkpoint_committed"]
     costs = [c for c in map(_cost, commits) if c is not None]

@@ -191,3 +191,27 @@ def test_rank_0_reads_the_history_from_the_run_directory(tmp_path: Path):
     history = read_history(str(tmp_path), None, attempt=1)
     assert history.failures == 1 and history.observed_s > 500
     assert read_history(str(tmp_path / "missing"), None, attempt=3).failures == 3
+
+
+def test_the_recommendation_takes_the_runs_own_prior_and_bounds_from_its_log():
+    """``rayguard events --goodput`` and the report advise as the driver's last line: with
+    the ``CheckpointConfig`` the run's ``start`` event recorded, unless told otherwise."""
+    from types import SimpleNamespace
+
+    from rayguard.checkpoint.interval_advice import interval_settings
+
+    settings = interval_settings(SimpleNamespace(mtbf_s=30.0, min_interval_s=1.0,
+                                                 max_interval_s=50.0))
+    log = _log()
+    log[-3] = dict(log[-3], interval_settings=settings)  # the newest run's start
+    logged = recommend_interval(log)
+    told = recommend_interval(_log(), mtbf_s=30.0, min_interval_s=1.0, max_interval_s=50.0)
+    assert logged == told
+    assert recommend_interval(_log()).mtbf_s > logged.mtbf_s  # the 24 h default prior
+    assert recommend_interval(log, max_interval_s=20.0).interval_s == 20.0  # a given bound wins
+    import rayguard
+
+    default = interval_settings(rayguard.CheckpointConfig())  # no prior given: none recorded
+    assert "mtbf_s" not in default and default["max_interval_s"] > 0
+    bad = dict(log[-3], interval_settings={"mtbf_s": -1, "min_interval_s": True})
+    assert recommend_interval([*log[:-3], bad, *log[-2:]]) == recommend_interval(_log())
