@@ -50,7 +50,7 @@ pid); also what makes the run's worker runtime environment its own."""
 HOOK = "rayguard._ray.spare.warm"
 MODULES_FILE = "modules"
 """In a run's spare directory: the modules a worker of the node had imported after set-up
-(one name a line), which a spare imports before it waits."""
+(one name a line), which a spare imports while it waits."""
 CUDA_FILE = "modules.cuda"
 """In a run's spare directory: a spare's import of the module list made a CUDA call; the
 later spares import no list."""
@@ -226,8 +226,8 @@ def _import_list(directory: str) -> None:
 
 def import_recorded(directory: str) -> int:
     """Import the modules :func:`record_modules` listed (each best effort: one that fails is
-    left to the worker that needs it; none once this process is claimed); returns how many
-    were imported now."""
+    left to the worker that needs it; none once this process is claimed or runs an actor);
+    returns how many were imported now."""
     import importlib
     import sys
 

@@ -163,9 +163,9 @@ def _logged_settings(events: list[dict[str, Any]]) -> dict[str, float]:
     """The newest ``start`` event's ``interval_settings`` (positive numbers only)."""
     for event in reversed(events):
         if event.get("kind") == "start" and isinstance(event.get("interval_settings"), dict):
-            return {k: float(v) for k, v in event["interval_settings"].items()
+            return {k: x for k, v in event["interval_settings"].items()
                     if k in ("mtbf_s", "min_interval_s", "max_interval_s")
-                    and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+                    and (x := _number(v)) is not None and x > 0}
     return {}
 
 

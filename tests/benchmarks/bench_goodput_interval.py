@@ -63,8 +63,8 @@ def interval_check(args, root, run_once):
     optimum = daly_interval(cost, mtbf)
     print(f"measured checkpoint cost {cost:.3f} s, true MTBF {mtbf:.0f} s (prior "
           f"{args.mtbf_s:.0f} s): Daly's optimum {optimum:.2f} s", flush=True)
-    fixed = {f"every {max(1, round(f * optimum / args.step_s))} steps ({f:g}x)":
-             max(1, round(f * optimum / args.step_s)) for f in factors}
+    every = {f: max(1, round(f * optimum / args.step_s)) for f in factors}
+    fixed = {f"every {n} steps ({f:g}x)": n for f, n in every.items()}
     runs = {"paced": [paced], **{name: [] for name in fixed}}
     names = list(runs)
     for repeat in range(args.repeats):
