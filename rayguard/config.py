@@ -86,8 +86,24 @@ class CheckpointConfig:
     ``"blake3"`` (about 4x sha256's speed per core) or ``"sha256"`` (where a FIPS-approved
     function is required). Loading accepts both, whatever this says."""
 
+    key_file: str | None = None
+    """A file holding a secret checkpoint key (at least 16 bytes, e.g. ``openssl rand -hex
+    32``), on every node and outside the checkpoint storage: every manifest written is then
+    signed with a keyed digest (BLAKE3's keyed mode, or HMAC-SHA256 with ``hash="sha256"``),
+    and only checkpoints signed with this key are loaded or offered; one resealed by someone
+    without the key is rejected, and so is one with no manifest. ``None``: the file named
+    by ``RAYGUARD_CHECKPOINT_KEY_FILE`` where set, else no key (integrity only)."""
+
+    accept_unsealed: bool = True
+    """Whether ``ray.train.get_checkpoint()`` may offer a reported checkpoint that carries no
+    manifest at all (one reported before rayguard guarded the loop), with a warning. Never
+    one the run's log records as committed, nor one newer than a checkpoint the run sealed:
+    those are rejected. ``False``: an unsealed checkpoint is always rejected (so is every
+    one when a key is set)."""
+
     def __post_init__(self) -> None:
         self._check_interval()
+        self._check_key()
         if self.hash not in ("blake3", "sha256"):
             raise config_error("CheckpointConfig", "hash", self.hash,
                                'must be "blake3" or "sha256"',
@@ -111,6 +127,17 @@ class CheckpointConfig:
             raise config_error("CheckpointConfig", "finish_timeout_s", self.finish_timeout_s,
                                "must be a number of seconds > 0",
                                "pass the longest a checkpoint may take to persist, e.g. 1800")
+
+    def _check_key(self) -> None:
+        if self.key_file is not None and not (isinstance(self.key_file, str) and self.key_file):
+            raise config_error("CheckpointConfig", "key_file", self.key_file,
+                               "must be a path (str) or None",
+                               'pass key_file="/etc/rayguard/checkpoint.key" (a file on every '
+                               "node, outside the checkpoint storage)")
+        if not isinstance(self.accept_unsealed, bool):
+            raise config_error("CheckpointConfig", "accept_unsealed", self.accept_unsealed,
+                               "must be a bool", "pass accept_unsealed=False to reject every "
+                               "reported checkpoint without a manifest")
 
     def _check_interval(self) -> None:
         if not isinstance(self.interval, bool):

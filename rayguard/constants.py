@@ -40,6 +40,11 @@ DEFAULT_PREEMPTION_GRACE_S = 25.0
 # for a 2 s poll. A value the user set explicitly is kept.
 RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
+# A file holding the checkpoint key (rayguard.checkpoint.auth) for processes given no
+# CheckpointConfig(key_file=...): workers, `rayguard checkpoint verify|ls`. Unset: no key.
+CHECKPOINT_KEY_FILE_ENV_VAR = "RAYGUARD_CHECKPOINT_KEY_FILE"
+DEFAULT_CHECKPOINT_KEY_FILE = ""
+
 LIVE_PG_ENV_VAR = "RAYGUARD_LIVE_PG"
 """Set by the live-recovery backend in every worker (``"<backend>,<timeout_s>"``): how a
 replacement and the survivors form their process group again (rayguard.train.live)."""
@@ -71,12 +76,13 @@ KNOWN_ENV_VARS = frozenset(
         SERIALIZERS_ENV_VAR,
         SERIALIZERS_CUDA_ENV_VAR,
         PREEMPTION_GRACE_ENV_VAR,
+        CHECKPOINT_KEY_FILE_ENV_VAR,
     }
 )
 
 ENV_VARS_TO_PROPAGATE = frozenset({FAULTS_ENV_VAR, TOPOLOGY_ENV_VAR, LOG_LEVEL_ENV_VAR,
                                    SERIALIZERS_ENV_VAR, SERIALIZERS_CUDA_ENV_VAR,
-                                   PREEMPTION_GRACE_ENV_VAR})
+                                   PREEMPTION_GRACE_ENV_VAR, CHECKPOINT_KEY_FILE_ENV_VAR})
 
 
 def env_str(name: str, default: str) -> str:

@@ -98,6 +98,12 @@ class ShardedStateError(CheckpointError):
     fatal = True
 
 
+class UnsealableCheckpointError(CheckpointError):
+    """A directory given to ``ray.train.report`` holds something rayguard cannot seal (a
+    symbolic link, a FIFO): the loop writes it the same way on every attempt, so a restart
+    cannot fix it."""
+
+
 class CheckpointCorruptError(CheckpointError):
     """A checkpoint failed verification (missing file, wrong size, wrong digest, bad path)."""
 

@@ -16,11 +16,13 @@ import os
 import sys
 from typing import Any
 
+from rayguard.checkpoint import auth
 from rayguard.checkpoint.fallback import list_candidates, order_candidates
 from rayguard.checkpoint.manifest import MANIFEST_NAME
 from rayguard.checkpoint.reported import REPORTED_SOURCE
 from rayguard.checkpoint.schemes import short_name
 from rayguard.checkpoint.verify import verify
+from rayguard.exceptions import ConfigError
 from rayguard.inert import inert
 
 
@@ -31,6 +33,7 @@ def register(subparsers: Any) -> None:
     p_verify = sub.add_parser("verify", help="verify one checkpoint; exit 1 on any problem")
     p_verify.add_argument("path", help="a checkpoint directory (holds rayguard_manifest.json)")
     p_verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    _key_argument(p_verify)
     p_verify.set_defaults(func=_cmd_verify)
 
     p_ls = sub.add_parser("ls", help="list the checkpoints under a run directory, newest first; "
@@ -38,7 +41,28 @@ def register(subparsers: Any) -> None:
     p_ls.add_argument("root", help="a directory holding checkpoint directories")
     p_ls.add_argument("--no-verify", action="store_true", help="check sizes only, skip the digests")
     p_ls.add_argument("--json", action="store_true", help="print one JSON object per line")
+    _key_argument(p_ls)
     p_ls.set_defaults(func=_cmd_ls)
+
+
+def _key_argument(parser: Any) -> None:
+    parser.add_argument("--key-file", metavar="PATH", default=None,
+                        help="the run's checkpoint key (CheckpointConfig(key_file=...)): only "
+                             "checkpoints signed with it verify (default: the file named by "
+                             f"{auth.KEY_FILE_ENV_VAR}, else integrity only)")
+
+
+def _use_key(command: str, args: argparse.Namespace) -> int | None:
+    """Set the key ``--key-file`` names (or the environment's); exit 2 when it is bad."""
+    try:
+        if args.key_file is not None:
+            auth.use(auth.load_key(args.key_file, "--key-file"))
+        else:
+            auth.active()  # a bad RAYGUARD_CHECKPOINT_KEY_FILE is reported now, not per file
+    except ConfigError as exc:
+        print(f"rayguard checkpoint {command}: {inert(str(exc))}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    return None
 
 
 EXIT_OK, EXIT_CORRUPT, EXIT_NOT_FOUND, EXIT_NOT_RAYGUARD = 0, 1, 2, 3
@@ -65,6 +89,9 @@ def _not_rayguard(path: str, as_json: bool) -> int | None:
     detail = (f"no {MANIFEST_NAME} in it: a folder rayguard did not write (e.g. a plain "
               "TorchTrainer checkpoint) or a rayguard save that never committed; nothing "
               "was verified")
+    if list_candidates(path):
+        detail += (f". It holds checkpoints: list and verify them with `rayguard checkpoint ls "
+                   f"{path}`")
     if as_json:
         print(json.dumps({"path": path, "ok": None, "error": NOT_RAYGUARD, "detail": detail}))
     else:
@@ -73,7 +100,7 @@ def _not_rayguard(path: str, as_json: bool) -> int | None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    missing = _not_found("verify", args.path, args.json)
+    missing = _use_key("verify", args) or _not_found("verify", args.path, args.json)
     if missing is None:
         missing = _not_rayguard(args.path, args.json)
     if missing is not None:
@@ -85,8 +112,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         m = report.manifest
         source = (", reported through ray.train.report"
                   if m.metadata.get("source") == REPORTED_SOURCE else "")
+        signed = f", signed with key {m.key_id}" if m.key_id else ""
         print(f"OK {inert(report.path)}: step {m.step}, {len(m.files)} files, "
-              f"{_human(m.size_bytes)}, {short_name(m.hash_scheme)} verified{source}")
+              f"{_human(m.size_bytes)}, {short_name(m.hash_scheme)} verified{signed}{source}")
     else:
         print(f"CORRUPT {inert(report.path)}:")
         for p in report.problems:
@@ -95,7 +123,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    missing = _not_found("ls", args.root, args.json)
+    missing = _use_key("ls", args) or _not_found("ls", args.root, args.json)
     if missing is not None:
         return missing
     rows: list[dict[str, Any]] = []

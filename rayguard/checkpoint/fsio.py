@@ -130,21 +130,69 @@ def pread_exact(fd: int, buf: memoryview, offset: int, path: str) -> None:
         done += got
 
 
-def read_bounded(path: str | os.PathLike[str], max_bytes: int, *, follow: bool = True) -> bytes:
-    """The bytes of the file at ``path``, or its first ``max_bytes + 1`` when it is longer (the
-    caller sees it is too long). Allocates only what the file holds, not ``max_bytes``."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
+class NotRegularFileError(OSError):
+    """What :func:`read_bounded` raises for a name that is not a regular file (a FIFO, a
+    device, a directory, a socket) or, with ``follow=False``, is a symbolic link."""
+
+
+def open_regular(path: str | os.PathLike[str], *, follow: bool = False) -> int:
+    """A read-only descriptor of the regular file at ``path``, opened without blocking
+    (``O_NONBLOCK``: a FIFO or a device planted where a file should be never hangs the
+    reader) and, unless ``follow``, without following a link (``O_NOFOLLOW``). ``fstat``
+    must then say a regular file; anything else raises :class:`NotRegularFileError` (an
+    ``OSError``), a missing file ``FileNotFoundError``. The descriptor is the caller's."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
-        want = min(os.fstat(fd).st_size, max_bytes) + 1
-        chunks, got = [], 0
-        while got < want:
-            piece = os.read(fd, min(want - got, 64 * 1024 * 1024))
-            if not piece:
-                break
-            chunks.append(piece)
-            got += len(piece)
-        return b"".join(chunks)
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotRegularFileError(errno.ELOOP, "a symbolic link, not followed",
+                                      os.fspath(path)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(errno.EINVAL, f"not a regular file ({_kind(mode)})",
+                                      os.fspath(path))
+        os.set_blocking(fd, True)  # a regular file: reads never block on a writer
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def read_fd_bounded(fd: int, max_bytes: int) -> bytes:
+    """The bytes of the open file ``fd`` from its current position, or its first
+    ``max_bytes + 1`` when it is longer (the caller sees it is too long). Allocates only
+    what the file holds, not ``max_bytes``."""
+    want = min(os.fstat(fd).st_size, max_bytes) + 1
+    chunks, got = [], 0
+    while got < want:
+        piece = os.read(fd, min(want - got, 64 * 1024 * 1024))
+        if not piece:
+            break
+        chunks.append(piece)
+        got += len(piece)
+    return b"".join(chunks)
+
+
+def read_bounded(path: str | os.PathLike[str], max_bytes: int, *, follow: bool = False) -> bytes:
+    """The bytes of the regular file at ``path``, or its first ``max_bytes + 1`` when it is
+    longer (the caller sees it is too long). Opened by :func:`open_regular`: never through
+    a link unless ``follow``, never blocking on a FIFO or a device (those raise
+    :class:`NotRegularFileError`, an ``OSError``)."""
+    fd = open_regular(path, follow=follow)
+    try:
+        return read_fd_bounded(fd, max_bytes)
     finally:
         os.close(fd)
 

@@ -143,7 +143,8 @@ def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int,
         if buf is None or len(buf) < chunk_size:
             buf = _local.buf = bytearray(chunk_size)
     view = memoryview(buf)[:length]
-    fd = os.open(path, os.O_RDONLY)
+    # never through a link, never blocking on a FIFO swapped in after the caller's stat
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         pread_exact(fd, view, index * chunk_size, path)
     finally:

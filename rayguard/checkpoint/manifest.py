@@ -16,7 +16,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from rayguard.checkpoint import safejson
+from rayguard.checkpoint import auth, safejson
 from rayguard.checkpoint.fsio import read_bounded
 from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES, KNOWN, SHA256
 from rayguard.exceptions import CheckpointCorruptError, CheckpointError
@@ -61,6 +61,9 @@ class Manifest:
     created_unix: float = field(default_factory=time.time)
     versions: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    key_id: str = ""
+    """Read back: the id of the checkpoint key its keyed digest was checked with (``""``:
+    not checked, no key set; :mod:`rayguard.checkpoint.auth`)."""
 
     @property
     def ranks(self) -> list[int]:
@@ -104,6 +107,9 @@ class Manifest:
             "metadata": self.metadata,
             "files": [_file_entry(f) for f in self.files],
         }
+        key = auth.active()
+        if key is not None:  # a checkpoint key is set: the manifest is signed with it
+            doc[auth.AUTH_KEY] = auth.sign(doc, self.hash_scheme, key)
         return json.dumps(doc, indent=1, allow_nan=False)
 
 
@@ -133,6 +139,9 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
     """Parse and validate a manifest; raises CheckpointCorruptError naming what is wrong (for
     any input: never another exception)."""
     doc = safejson.loads(text, f"{where}: manifest is invalid", max_bytes=MAX_MANIFEST_BYTES)
+    key = auth.active()
+    if key is not None:  # a checkpoint key is set: only a manifest signed with it is one
+        auth.check(doc, where, key)
     try:
         if doc.get("format") != MANIFEST_FORMAT or doc.get("format_version") != MANIFEST_VERSION:
             raise ValueError(f"format {str(doc.get('format'))[:40]!r} version "
@@ -150,6 +159,7 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
             created_unix=safejson.float_field(doc["created_unix"], "created_unix"),
             versions=_dict_field(doc.get("versions", {}), "versions"),
             metadata=_dict_field(doc.get("metadata", {}), "metadata"),
+            key_id="" if key is None else key.key_id,
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointCorruptError(f"{where}: manifest is invalid ({str(exc)[:300]})") from None

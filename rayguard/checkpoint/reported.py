@@ -19,6 +19,7 @@ mistakes a framework's files for its own state (:func:`is_reported`). No Ray, no
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from rayguard.checkpoint.manifest import (
     library_versions,
 )
 from rayguard.checkpoint.schemes import current
-from rayguard.exceptions import CheckpointError
+from rayguard.exceptions import CheckpointError, UnsealableCheckpointError
 
 SOURCE_KEY = "source"
 REPORTED_SOURCE = "ray.train.report"
@@ -50,13 +51,13 @@ def hash_directory(directory: str | os.PathLike[str], rank: int) -> ShardRecord:
     rels: list[str] = []
     for dirpath, dirnames, names in os.walk(root):
         dirnames.sort()
-        for name in sorted(names):
+        for name in sorted(names) + [d for d in dirnames if os.path.islink(Path(dirpath) / d)]:
             full = Path(dirpath) / name
             rel = full.relative_to(root).as_posix()
             if rel == MANIFEST_NAME:
                 continue
-            if full.is_file():
-                rels.append(rel)
+            _refuse_special(full, rel, rank)
+            rels.append(rel)
     scheme = current()
     results = hash_files([root / r for r in rels], scheme=scheme)
     files = []
@@ -67,6 +68,25 @@ def hash_directory(directory: str | os.PathLike[str], rank: int) -> ShardRecord:
         digest, chunks = result
         files.append(FileRecord(rel, rank, (root / rel).stat().st_size, digest, chunks, scheme))
     return ShardRecord(rank, tuple(files))
+
+
+def _refuse_special(full: Path, rel: str, rank: int) -> None:
+    """Raise UnsealableCheckpointError unless ``full`` is a regular file (not a link): what
+    a manifest seals is only ever the bytes inside the directory, and a link would be
+    refused at every resume (it may point anywhere by then)."""
+    st = full.lstat()
+    if stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISLNK(st.st_mode):
+        what = f"a symbolic link to {os.readlink(full)!r}"
+        fix = (f"copy the file into the directory instead of linking it (shutil.copy2 "
+               f"rather than os.symlink), or remove {rel}")
+    else:
+        what = "not a regular file (a FIFO, socket or device)"
+        fix = f"remove {rel} from the directory before reporting it"
+    raise UnsealableCheckpointError(
+        f"rank {rank}: the checkpoint given to ray.train.report holds {rel}, {what}; rayguard "
+        f"seals only regular files, so it cannot be verified at resume. Fix: {fix}")
 
 
 def merge_records(records: Sequence[ShardRecord | None]) -> tuple[tuple[FileRecord, ...],

@@ -6,10 +6,12 @@ again, what was appended since: a live run), never holding more than one line.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rayguard.checkpoint.fsio import open_regular
 from rayguard.safejson import MAX_LINE_BYTES
 
 CHUNK_BYTES = 1 << 16
@@ -28,7 +30,9 @@ class EventSource:
 
 def _open(source: EventSource, offset: int) -> Any:
     if source.filesystem is None:
-        f = open(source.path, "rb")  # noqa: SIM115 - closed by the caller's with
+        # a regular file, not through a link, never blocking on a FIFO planted there
+        # (NotRegularFileError, an OSError, otherwise)
+        f = os.fdopen(open_regular(source.path), "rb")
         f.seek(offset)
         return f
     if offset == 0:

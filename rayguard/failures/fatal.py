@@ -22,6 +22,7 @@ subclasses)                                      unsupported Ray, a bad ``RAYGUA
 ``PreflightError``                 preflight     a preflight check failed at worker start-up
 ``WorkerSetupError``               setup         device, env or NUMA set-up failed
 ``StateNotCheckpointableError``    checkpoint    ``report(state=)`` holds an unsaveable value
+``UnsealableCheckpointError``      checkpoint    a reported directory holds a link or a FIFO
 ``ShardedStateError``              checkpoint    ``state=``/``sharded=`` misused
 ``FatalNonFiniteMetricError``      nan           NaN/inf with ``nan_policy="fail"``
 =================================  ============  ==============================================
@@ -42,6 +43,7 @@ from rayguard.exceptions import (
     SerializationError,
     ShardedStateError,
     StateNotCheckpointableError,
+    UnsealableCheckpointError,
     WorkerSetupError,
 )
 
@@ -56,6 +58,7 @@ FATAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
     (WorkerSetupError, "setup"),
     (StateNotCheckpointableError, "checkpoint"),
     (ShardedStateError, "checkpoint"),
+    (UnsealableCheckpointError, "checkpoint"),
     (FatalNonFiniteMetricError, "nan"),
 )
 """``(exception type, cause)`` of every rayguard exception a restart cannot fix."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from rayguard.checkpoint import schemes
+from rayguard.checkpoint import auth, schemes
 from rayguard.config import CheckpointConfig
 from rayguard.run.link import RunLink
 from rayguard.train.async_checkpoint import AsyncCheckpointer
@@ -43,6 +43,8 @@ class Checkpointer:
     def __init__(self, link: RunLink, store: CheckpointStore, config: CheckpointConfig,
                  tier: Any = None) -> None:
         schemes.select(schemes.CONFIG_NAMES[config.hash])  # what this worker's writers use
+        if config.key_file is not None:  # this worker signs and checks with the run's key
+            auth.use(auth.load_key(config.key_file))
         self.link = link
         self.store = store
         self.config = config

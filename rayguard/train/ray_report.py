@@ -104,8 +104,11 @@ class RayReportBridge:
 
     def __init__(self, observer: Observer, link: RunLink, forwarder: Forwarder,
                  collective: Collective, store: CheckpointStore, inner: Any, *,
-                 in_place: bool = False) -> None:
+                 in_place: bool = False, accept_unsealed: bool = True) -> None:
         self.observer = observer
+        self.accept_unsealed = accept_unsealed
+        """``CheckpointConfig(accept_unsealed=...)`` (:mod:`rayguard.checkpoint.unsealed`)."""
+        self._committed: set[str] | None = None
         self.in_place = in_place
         """``GuardConfig(recovery="live")``: a NaN/inf rolls every rank back in place."""
         self.link = link
@@ -255,6 +258,7 @@ class RayReportBridge:
         """This attempt's choice, made by one rank: the newest that verifies, newer ones that
         do not are rejected and remembered."""
         from rayguard.train import protocol
+        from rayguard.train.reported_choice import candidates, verify_reported
 
         link, collective, store = self.link, self.collective, self.store
         skip = protocol.rejected(collective, store)
@@ -267,6 +271,8 @@ class RayReportBridge:
             if path in skip:
                 continue
             problems, step, unverified = verify_reported(store, path)
+            if unverified:
+                problems = self._unsealed_refusal(path, order)
             if problems:
                 protocol.reject(collective, store, path, f"{path}: {problems}")
                 continue
@@ -282,6 +288,7 @@ class RayReportBridge:
                 logger.warning("rayguard: %s has no rayguard manifest; offered unverified", path)
             break
         link.put(LOADED_KEY.format(attempt=link.ctx.attempt), chosen)
+        self._committed = None
         if chosen is None:
             link.record("restored", "ray.train.get_checkpoint() offers nothing: no "
                            "reported checkpoint verifies; the loop starts fresh",
@@ -289,45 +296,19 @@ class RayReportBridge:
         return chosen
 
 
-def candidates(store: Any, latest: str) -> list[str]:
-    """Where ``get_checkpoint()`` looks, newest first: Ray's latest checkpoint, then the
-    older reported checkpoints of the run directory (newer ones Ray never registered, a
-    worker having died before every rank reported, are not offered)."""
-    paths = store.candidates(set(), reported=True)
-    real = [os.path.realpath(p) if store.fs is None else p for p in paths]
-    mine = os.path.realpath(latest) if store.fs is None else latest
-    older = paths[real.index(mine) + 1:] if mine in real else []
-    return [latest, *older]
+    def _unsealed_refusal(self, path: str, order: list[str]) -> str:
+        """Why ``path``, a reported checkpoint with no manifest, is rejected (``""``: it is
+        offered unverified: reported before rayguard guarded the loop)."""
+        from rayguard.checkpoint import auth, unsealed
+        from rayguard.train.reported_choice import has_manifest
 
-
-def verify_reported(store: Any, path: str) -> tuple[str, int | None, bool]:
-    """``(problems, step, unverified)`` of a reported checkpoint: ``problems`` empty when it
-    verifies; ``unverified`` when it has no manifest at all (reported before rayguard
-    guarded the loop, or from a remote directory rayguard cannot seal)."""
-    from pathlib import Path
-
-    from rayguard.checkpoint.manifest import MANIFEST_NAME
-    from rayguard.checkpoint.verify import verify
-    from rayguard.exceptions import CheckpointCorruptError
-
-    def check(local: str) -> tuple[str, int | None, bool]:
-        if not (Path(local) / MANIFEST_NAME).exists():
-            return "", None, True
-        report = verify(local)
-        problems = "; ".join(f"{p.file}: {p.what}" for p in report.problems)
-        return problems, (report.manifest.step if report.manifest else None), False
-
-    if store.fs is None:
-        return check(path)
-    from rayguard.checkpoint.remote import _join
-
-    try:
-        if store.fs.get_file_info(_join(path, MANIFEST_NAME)).type.name != "File":
-            return "", None, True
-        with store.materialize(path) as local:
-            return check(local)
-    except (CheckpointCorruptError, OSError) as exc:
-        return str(exc), None, False
+        if self._committed is None:  # read once per choice, only when needed
+            self._committed = unsealed.committed_names(self.link.ctx.run_dir, self.store.fs)
+        older = order[order.index(path) + 1:]
+        return unsealed.refusal(os.path.basename(path.rstrip("/")), committed=self._committed,
+                                older_sealed=any(has_manifest(self.store, p) for p in older),
+                                key_set=auth.active() is not None,
+                                accept_unsealed=self.accept_unsealed)
 
 
 class GuardedTrainFnUtils:

@@ -347,7 +347,8 @@ class GuardedTrainFn:
         set_current_session(session)
         bridge = ray_report.install(ray_report.RayReportBridge(  # every ray.train.report
             session, link, session.forwarder, session.checkpointer.collective, store, inner,
-            in_place=self.guard.recovery == "live"))
+            in_place=self.guard.recovery == "live",
+            accept_unsealed=self.guard.checkpoint.accept_unsealed))
         if live_path:  # get_checkpoint(): the run's last commit, the same on every rank
             bridge.rolled_back(link.get(LAST_COMMITTED_KEY))
         if ctx.rank == 0:

@@ -79,8 +79,14 @@ def ray_loop(config):
             # Ray registers a checkpoint when its controller polls the reports: kill only
             # once it has the newest one (a report queued in a killed process is lost)
             newest = _kill_once_registered(config["run_dir"], step // 2)
-            if config.get("corrupt"):  # damage the newest persisted checkpoint first
-                with open(os.path.join(newest, "model.pt"), "r+b") as f:
+            damaged = newest
+            if config.get("unseal_newest"):  # unseal the newest: no manifest, another state
+                os.unlink(os.path.join(newest, "rayguard_manifest.json"))
+                torch.save({"weights": torch.full((4,), 999.0), "step": step - 1},
+                           os.path.join(newest, "model.pt"))
+                damaged = [d for d in common.checkpoint_dirs(config["run_dir"]) if d != newest][-1]
+            if config.get("corrupt"):  # damage a persisted checkpoint first
+                with open(os.path.join(damaged, "model.pt"), "r+b") as f:
                     f.truncate(10)
             os.kill(os.getpid(), signal.SIGKILL)
         if config.get("raise_at") and step in config["raise_at"] and rank == 0 and _once(
@@ -168,25 +174,39 @@ def test_async_uploads_and_rays_checkpoint_config_stay_rays(ray_local, tmp_path)
 
 def test_a_killed_worker_resumes_from_the_newest_checkpoint_with_the_same_weights(ray_local,
                                                                                   tmp_path):
-    trainer, marker = _run(tmp_path, "kill", kill_at=6)
+    """With a checkpoint key too: every sealed manifest is signed, and the resume checks it."""
+    key = tmp_path / "checkpoint.key"
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    guard = rayguard.GuardConfig(checkpoint=rayguard.CheckpointConfig(key_file=str(key)))
+    trainer, marker = _run(tmp_path, "kill", guard=guard, kill_at=6)
     result = trainer.fit()
     assert result.error is None
     assert (marker / "resumed-1-6").exists()  # newest checkpoint: step 5
     assert _final(marker) == [expected_weights()] * 2
+    sealed = [json.loads((Path(d) / "rayguard_manifest.json").read_text())
+              for d in common.checkpoint_dirs(trainer.run_dir)]
+    assert sealed and all(doc["auth"]["mac"] == "blake3-keyed" for doc in sealed)
+    restored = [e for e in read_events(trainer.run_dir) if e["kind"] == "restored"]
+    assert restored and restored[0]["verified"] is True
 
 
 @pytest.mark.compat  # the report seam is a Ray internal: checked on the oldest Ray too
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(ray_local, tmp_path):
-    trainer, marker = _run(tmp_path, "corrupt", kill_at=6, corrupt=True)
+    """The newest checkpoint (step 5) unsealed by someone who can write the storage (its
+    manifest removed, its state rewritten) and the one before (step 3) truncated: both are
+    rejected, the run resumes from step 1's and ends with the weights of a run without it."""
+    trainer, marker = _run(tmp_path, "corrupt", kill_at=6, corrupt=True, unseal_newest=True)
     result = trainer.fit()
     assert result.error is None
     events = read_events(trainer.run_dir)
     rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
-    assert len(rejected) == 1 and "model.pt" in rejected[0]["detail"], rejected
-    assert (marker / "resumed-0-4").exists() and (marker / "resumed-1-4").exists()
-    assert not (marker / "resumed-0-6").exists()
+    assert len(rejected) == 2 and "model.pt" in rejected[1]["detail"], rejected
+    assert "no rayguard manifest" in rejected[0]["detail"], rejected
+    assert "checkpoint_committed" in rejected[0]["detail"], rejected
+    assert (marker / "resumed-0-2").exists() and (marker / "resumed-1-2").exists()
+    assert not (marker / "resumed-0-6").exists() and not (marker / "resumed-0-4").exists()
     on_disk = json.loads((tmp_path / "corrupt" / "rayguard_rejected.json").read_text())
-    assert list(on_disk) == [os.path.basename(rejected[0]["path"])]
+    assert sorted(on_disk) == sorted(os.path.basename(e["path"]) for e in rejected)
     assert _final(marker) == [expected_weights()] * 2
 
 
