@@ -46,6 +46,8 @@ def _with_restart_budget(run_config: RunConfig | None,
     ``guard.health.max_restarts`` (a copy: the caller's ``RunConfig`` is never changed).
     Returns the run config and, when rayguard chose the budget, a note saying so."""
     run_config = copy.copy(run_config) if run_config is not None else RunConfig()
+    # what fit() writes into (the workers' env_vars) is the copy's own, never the caller's
+    run_config.worker_runtime_env = copy.deepcopy(run_config.worker_runtime_env)
     if run_config.failure_config != FailureConfig() or guard.health.max_restarts == 0:
         return run_config, None
     run_config.failure_config = FailureConfig(max_failures=guard.health.max_restarts)
@@ -89,6 +91,7 @@ class RobustTrainer(GuardHooksTrainer):
         """The last ``fit()``'s goodput (:class:`rayguard.observe.goodput.Goodput`, from its
         event log), also the driver's last line."""
         self._live = apply_live(guard_config, kwargs)
+        self._user_worker_env: Any = None
         user_run_config = run_config is not None
         run_config, note = _with_restart_budget(run_config, guard_config)
         self._budget_note = note if user_run_config else None  # only where 0 may be meant
@@ -338,7 +341,11 @@ class RobustTrainer(GuardHooksTrainer):
         to the controller; rayguard's ``RAYGUARD_*`` variables set in the driver, and
         ``RAY_ADDRESS`` naming the cluster ``fit()`` runs on, go to the workers through
         ``worker_runtime_env`` (values the user put there win)."""
-        worker_env = cast(dict, self._rc.worker_runtime_env)
+        if self._user_worker_env is None:  # the first fit(): the user's own, kept apart
+            self._user_worker_env = copy.deepcopy(self._rc.worker_runtime_env)
+        # every fit() starts from the user's values (a second fit() gets its own spare)
+        worker_env = cast(dict, copy.deepcopy(self._user_worker_env))
+        self._rc.worker_runtime_env = worker_env
         env_vars = dict(worker_env.get("env_vars") or {})
         for key, value in propagated_env().items():
             env_vars.setdefault(key, value)

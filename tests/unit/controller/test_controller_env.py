@@ -42,3 +42,34 @@ def test_workers_get_the_address_unless_the_user_chose_one(monkeypatch):
     mine._cluster_address = "10.0.0.1:6379"
     mine._restore_env(mine._set_env())
     assert mine._rc.worker_runtime_env["env_vars"]["RAY_ADDRESS"] == "10.0.0.2:6379"
+
+
+def test_a_run_config_reused_for_two_trainers_is_never_changed(monkeypatch):
+    """fit() writes RAY_ADDRESS and the spare's variables into the workers' env_vars: into
+    its own copy, so the caller's RunConfig (reused for a second trainer) keeps its values,
+    and a second fit() of one trainer starts from the user's values again (its own spare)."""
+    from ray.train import RunConfig, ScalingConfig
+
+    from rayguard._ray.spare import SPARE_DIR_ENV
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    user_env = {"env_vars": {"MY_FLAG": "1"}}
+    shared = RunConfig(worker_runtime_env=user_env)
+    live = rayguard.GuardConfig(recovery="live")
+    first = rayguard.RobustTrainer(lambda: None, run_config=shared, guard_config=live,
+                                   scaling_config=ScalingConfig(num_workers=2))
+    first._cluster_address = "10.0.0.1:6379"
+    first._restore_env(first._set_env())
+    seen = dict(first._rc.worker_runtime_env["env_vars"])
+    assert seen["RAY_ADDRESS"] == "10.0.0.1:6379" and seen["MY_FLAG"] == "1"
+    assert SPARE_DIR_ENV in seen
+    assert user_env == {"env_vars": {"MY_FLAG": "1"}}
+    assert shared.worker_runtime_env == {"env_vars": {"MY_FLAG": "1"}}
+    first._cluster_address = "10.0.0.9:6379"  # a second fit() of the same trainer
+    first._restore_env(first._set_env())
+    again = first._rc.worker_runtime_env["env_vars"]
+    assert again["RAY_ADDRESS"] == "10.0.0.9:6379" and again[SPARE_DIR_ENV] != seen[SPARE_DIR_ENV]
+    second = rayguard.RobustTrainer(lambda: None, run_config=shared)
+    second._restore_env(second._set_env())
+    assert "RAY_ADDRESS" not in second._rc.worker_runtime_env.get("env_vars", {})
+    assert SPARE_DIR_ENV not in second._rc.worker_runtime_env.get("env_vars", {})
