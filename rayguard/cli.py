@@ -7,10 +7,13 @@ A capability module exposes ``register(subparsers) -> None``; the parser it adds
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
 import shlex
 import sys
+from typing import NoReturn
 
 # (module, what it adds). Listed here so `rayguard --help` is complete without scanning.
 _COMMAND_MODULES = (
@@ -22,8 +25,22 @@ _COMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error for an unknown subcommand suggests the closest one
+    (``rayguard evnets`` -> did you mean ``events``?). Subparsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.5)
+            if close:
+                message += f"; did you mean {close[0]!r}? (`{self.prog} {close[0]} --help`)"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rayguard", description="rayguard: robust PyTorch training on Ray")
+    parser = _Parser(prog="rayguard", description="rayguard: robust PyTorch training on Ray")
     from rayguard import __version__
 
     parser.add_argument("--version", action="version", version=f"rayguard {__version__}")
