@@ -63,8 +63,8 @@ class GuardFailurePolicy(DefaultFailurePolicy):
                 self._stop("crash_loop", loop.rank, (
                     f"crash loop: {loop.summary} (raised at {loop.origin}) ended attempt "
                     f"{loop.attempt} on rank {loop.rank} exactly as before, with no checkpoint "
-                    f"committed in between; HealthConfig(crash_loop_retries="
-                    f"{self.crash_loop_retries}) repeat(s) allowed, so it is not retried"),
+                    f"committed in between; {_allowed(self.crash_loop_retries)}, so it is not "
+                    "retried"),
                     attempt=loop.attempt)
                 return FailureDecision.RAISE
         return super().make_decision(training_failed_error)
@@ -121,3 +121,9 @@ class GuardFailurePolicy(DefaultFailurePolicy):
                          rank=rank, **extra))], timeout=30)
         except Exception as exc:
             logger.warning("rayguard: could not record why the run stops: %s", exc)
+
+
+def _allowed(retries: int) -> str:
+    """``HealthConfig(crash_loop_retries=N)`` in words: how many repeats it allows."""
+    count = "no repeat" if retries == 0 else f"{retries} repeat{'s' if retries != 1 else ''}"
+    return f"HealthConfig(crash_loop_retries={retries}) allows {count}"

@@ -53,7 +53,8 @@ class FiniteGuard:
         self.flush()
         cls = FatalNonFiniteMetricError if decision.action == "fail" else NonFiniteMetricError
         what = ("the run ends (nan_policy='fail')" if decision.action == "fail" else
-                "the worker group restarts from the last verified checkpoint before it")
+                "this attempt stops (the group resumes from the last verified checkpoint "
+                "before it unless the restart budget or the crash-loop rule ends the run)")
         ctx = self.link.ctx
         raise cls(f"rank {ctx.rank} on node {ctx.node_id}: {decision.reason}; {what}. "
                   "Fix: lower the learning rate, clip gradients, or check the data at that step.")
@@ -80,7 +81,8 @@ class FiniteGuard:
         self.flush()
         ctx = self.link.ctx
         what = ("the run ends (nan_policy='fail')" if fail else
-                "the worker group restarts from the last verified checkpoint before it")
+                "this attempt stops (the group resumes from the last verified checkpoint "
+                "before it unless the restart budget or the crash-loop rule ends the run)")
         cls = FatalNonFiniteMetricError if fail else DivergedMetricError
         raise cls(f"rank {ctx.rank} on node {ctx.node_id}: {reason}; {what}. Fix: lower the "
                   "learning rate, clip gradients, or check the data at that step.")

@@ -73,7 +73,7 @@ def plan_rollback(done: int, max_failures: int, *, step: int, last_step: int | N
         return RollbackDecision(False, count, repeats, (
             f"crash loop: {what} at step {step} again after {repeats} in-place rollback(s) "
             f"to the same checkpoint; HealthConfig(crash_loop_retries={crash_loop_retries}) "
-            "repeat(s) allowed" + (
+            f"allows {crash_loop_retries} repeat{'s' if crash_loop_retries != 1 else ''}" + (
                 "; the replay read the same data: leave it out with ElasticSampler or "
                 "rayguard.train.get_context().data_skip_steps" if what == "divergence"
                 else "")))

@@ -121,7 +121,7 @@ def test_a_divergence_is_recorded_and_kept_then_deferred_or_raised():
     kind, detail, fields = link.events[-1]
     assert kind == "diverged" and fields["path"] == "in_place" and "in place" in detail
     assert link.marks == {"diverged": {"step": 3}}
-    with pytest.raises(DivergedMetricError, match="diverged at step 4.*restarts") as raised:
+    with pytest.raises(DivergedMetricError, match="diverged at step 4.*this attempt stops") as raised:
         guard.check({"loss": 100.0}, 4)
     assert isinstance(raised.value, NonFiniteMetricError)  # retried as a NaN is
     fail, _ = _guard(nan_policy="fail")
