@@ -17,6 +17,8 @@ time between runs in the same directory is not run time). Pure: no Ray, no files
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ from rayguard.checkpoint.interval import (
     daly_interval,
     estimate_mtbf,
 )
+
+logger = logging.getLogger("rayguard")
 
 FAILURE_KINDS = frozenset({"restart"})
 """One event per failure survived (``worker_died`` comes once per rank)."""
@@ -137,7 +141,10 @@ def _seconds(value: float) -> str:
 
 def _number(value: Any) -> float | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-    return float(value) if ok else None
+    try:
+        return float(value) if ok else None
+    except OverflowError:  # an int past the float range
+        return None
 
 
 def _cost(event: dict[str, Any]) -> float | None:
@@ -159,14 +166,48 @@ def interval_settings(checkpoint: Any) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if v is not None}  # mtbf_s None: the default
 
 
+MAX_LOGGED_S = 10 * 365 * 86400.0
+"""The largest figure of a logged ``interval_settings`` believed (ten years): beyond it the
+advice would print absurd numbers, so the default is used instead."""
+
+
 def _logged_settings(events: list[dict[str, Any]]) -> dict[str, float]:
-    """The newest ``start`` event's ``interval_settings`` (positive numbers only)."""
+    """The newest ``start`` event's ``interval_settings``, each checked as
+    ``CheckpointConfig`` checks it (``mtbf_s`` > 0, the bounds >= 0, finite, min <= max) and
+    at most :data:`MAX_LOGGED_S`; a figure that fails is left out (its default applies) with
+    a warning naming it. Anyone who can write the run directory can write the log."""
     for event in reversed(events):
         if event.get("kind") == "start" and isinstance(event.get("interval_settings"), dict):
-            return {k: x for k, v in event["interval_settings"].items()
-                    if k in ("mtbf_s", "min_interval_s", "max_interval_s")
-                    and (x := _number(v)) is not None and x > 0}
+            return checked_settings(event["interval_settings"])
     return {}
+
+
+def checked_settings(raw: dict[Any, Any]) -> dict[str, float]:
+    """The valid figures of a logged ``interval_settings`` (see :func:`_logged_settings`)."""
+    out: dict[str, float] = {}
+    for key in ("mtbf_s", "min_interval_s", "max_interval_s"):
+        if key not in raw:
+            continue
+        value = _number(raw[key])
+        low_ok = value is not None and (value > 0 if key == "mtbf_s" else value >= 0)
+        if value is not None and low_ok and math.isfinite(value) and value <= MAX_LOGGED_S:
+            out[key] = value
+        else:
+            _ignored(key, raw[key], f"must be a number of seconds {'>' if key == 'mtbf_s' else '>='}"
+                     f" 0 and <= {MAX_LOGGED_S:.0f}")
+    if out.get("min_interval_s", 60.0) > out.get("max_interval_s", 3600.0):
+        _ignored("min_interval_s", out.get("min_interval_s", 60.0),
+                 f"must be <= max_interval_s={out.get('max_interval_s', 3600.0)!r} (both "
+                 "bounds dropped)")
+        out.pop("min_interval_s", None), out.pop("max_interval_s", None)
+    return out
+
+
+def _ignored(key: str, value: Any, why: str) -> None:
+    logger.warning("rayguard: the run's start event has interval_settings.%s=%s: %s; the "
+                   "default is used. Fix: check who wrote the run directory's event log "
+                   "(the run writes CheckpointConfig's validated figures)",
+                   key, ascii(value)[:40], why)
 
 
 def recommend_interval(events: Iterable[dict[str, Any]], *, mtbf_s: float | None = None,

@@ -19,6 +19,7 @@ from typing import Any
 from rayguard._ray.core import alive_node_resources
 from rayguard._ray.train import FixedScalingPolicy, NoopDecision, resources_per_worker
 from rayguard.events import make_event
+from rayguard.health.quarantine_file import attempts
 from rayguard.placement.exclude import workers_that_fit
 
 logger = logging.getLogger("rayguard")
@@ -62,15 +63,20 @@ class FenceView:
 
 def wait_message(num_workers: int, room: int, quarantined: dict[str, dict[str, Any]],
                  run_dir: str) -> str:
-    """What a fixed-size run that no longer fits says while it waits."""
-    nodes = "; ".join(
-        f"{n[:12]} ({e.get('reason', '?')}, attempts "
-        f"{', '.join(str(f.get('attempt')) for f in e.get('failures', [])) or '?'})"
-        for n, e in sorted(quarantined.items()))
+    """What a fixed-size run that no longer fits says while it waits (entries of any shape:
+    what is not a reason or an attempt reads ``?``)."""
+    nodes = "; ".join(f"{str(n)[:12]} ({_reason(e)}, attempts "
+                      f"{', '.join(map(str, attempts(e))) or '?'})"
+                      for n, e in sorted(quarantined.items(), key=lambda item: str(item[0])))
     return (f"{num_workers} worker(s) do not fit on the admitted nodes (room for {room}); "
             f"quarantined: {nodes}. Waiting for capacity: add a node, or lift the quarantine "
             f"with `rayguard quarantine lift {run_dir} NODE` (or --all; it takes effect at the "
             "next worker-group start)")
+
+
+def _reason(entry: Any) -> str:
+    reason = entry.get("reason") if isinstance(entry, dict) else None
+    return reason[:64] if isinstance(reason, str) else "?"
 
 
 class FencedFixedPolicy(FixedScalingPolicy):

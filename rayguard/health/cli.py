@@ -2,7 +2,9 @@
 NODE... | --all``: the nodes a run left out (:mod:`rayguard.health.quarantine_file`).
 
 A lift takes effect for a running run at its next worker-group start, and for every later
-run in the same run directory.
+run in the same run directory. ``list`` says where each entry came from: ``this run`` when the
+directory's event log records its ``node_quarantined`` (and no later lift), ``file`` when
+only the file names it (an earlier run without a log, or whoever else wrote the file).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from rayguard.events.read import read as read_events
 from rayguard.exceptions import RayGuardError
 from rayguard.health import quarantine_file
 from rayguard.inert import inert
@@ -67,28 +70,51 @@ def cmd_list(args: argparse.Namespace) -> int:
         state = quarantine_file.read(path)
     except (OSError, ValueError) as exc:
         return _fail(args, str(exc))
+    sources = entry_sources(state, _recorded(args.run_dir))
     if args.json:
-        print(json.dumps(state, sort_keys=True))
+        print(json.dumps(dict(state, sources=sources), sort_keys=True))
         return 0
-    print(format_state(state))
+    print(format_state(state, sources))
     return 0
 
 
-def format_state(state: dict[str, Any]) -> str:
-    """The quarantine as lines a person reads (node, reason, attempts; lifted ones after)."""
+def _recorded(run_dir: str) -> set[str]:
+    """The nodes the run directory's event log records as quarantined (none without a log)."""
+    try:
+        return quarantine_file.recorded_nodes(read_events(run_dir))
+    except (OSError, ValueError, RayGuardError):
+        return set()
+
+
+def entry_sources(state: dict[str, Any], recorded: set[str]) -> dict[str, str]:
+    """Node -> ``"this run"`` (its quarantine is in the event log) or ``"file"``."""
+    return {n: "this run" if n in recorded else "file" for n in state["nodes"]}
+
+
+def format_state(state: dict[str, Any], sources: dict[str, str] | None = None) -> str:
+    """The quarantine as lines a person reads (node, source, reason, attempts; lifted ones
+    after). Entries of any shape print (what is not a reason or a detail reads ``?``)."""
     if not state["nodes"]:
         lines = ["no node is quarantined"]
     else:
-        lines = ["quarantined nodes (left out of every later worker group):"]
+        lines = ["quarantined nodes (left out of every later worker group; source: this run's "
+                 "event log, or only the file):"]
         for node, entry in sorted(state["nodes"].items()):
-            failures = entry.get("failures") or []
-            attempts = ", ".join(str(f.get("attempt")) for f in failures if isinstance(f, dict))
-            last = failures[-1].get("detail", "") if failures and isinstance(failures[-1], dict) else ""
-            lines.append(inert(f"  {node}  {entry.get('reason', '?')}  attempts {attempts or '?'}"
-                               + (f"  ({str(last)[:120]})" if last else "")))
+            lines.append(inert(_entry_line(node, entry, (sources or {}).get(node, "file"))))
     if state["lifted"]:
-        lines.append("lifted: " + inert(", ".join(n[:12] for n in sorted(state["lifted"]))))
+        lines.append("lifted: " + inert(", ".join(str(n)[:12] for n in sorted(state["lifted"]))))
     return "\n".join(lines)
+
+
+def _entry_line(node: str, entry: Any, source: str) -> str:
+    entry = entry if isinstance(entry, dict) else {}
+    reason = entry.get("reason")
+    failures = entry.get("failures")
+    last = failures[-1] if isinstance(failures, list) and failures else None
+    detail = last.get("detail") if isinstance(last, dict) else None
+    attempts = ", ".join(map(str, quarantine_file.attempts(entry))) or "?"
+    return (f"  {node}  [{source}]  {reason if isinstance(reason, str) else '?'}  attempts "
+            f"{attempts}" + (f"  ({detail[:120]})" if isinstance(detail, str) and detail else ""))
 
 
 def cmd_lift(args: argparse.Namespace) -> int:

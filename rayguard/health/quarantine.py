@@ -16,7 +16,7 @@ hang's culprit (reason ``hang_culprit``) through the coordinator's ``record_node
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,3 +142,29 @@ def plan_quarantine(failures: Iterable[NodeFailure], quarantine_after: int | Non
     if nodes_alive is not None and nodes_alive <= 1:
         return QuarantineDecision(excluded=already, withheld=tuple(new))
     return QuarantineDecision(tuple(new), already | {q.node for q in new})
+
+
+@dataclass(frozen=True)
+class FenceDecision:
+    """What :func:`fence_nodes` decided: the nodes to leave out, and the file's entries not
+    applied."""
+
+    fenced: frozenset[str] = frozenset()
+    withheld: frozenset[str] = frozenset()
+    """Alive nodes only the file named, not fenced: with them every alive node would be."""
+
+
+def fence_nodes(own: Collection[str], from_file: Collection[str],
+                alive: Collection[str] | None) -> FenceDecision:
+    """The nodes the next worker group leaves out: the ones this run's rule quarantined
+    (``own``, decided by :func:`plan_quarantine`, which never fences the only node) and the
+    quarantine file's (``from_file``: an earlier run's, or anyone's who can write the run
+    directory). The file never fences every alive node (``alive``; ``None``: not known): when
+    together they would, the file's entries on alive nodes are withheld, as
+    :func:`plan_quarantine` withholds a cluster's only node."""
+    mine, theirs = frozenset(own), frozenset(from_file) - frozenset(own)
+    everything = mine | theirs
+    if not alive or not frozenset(alive) <= everything:
+        return FenceDecision(everything)
+    withheld = theirs & frozenset(alive)
+    return FenceDecision(everything - withheld, withheld)

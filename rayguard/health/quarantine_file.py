@@ -11,24 +11,41 @@ lose each other's change. Shape::
     {"version": 1,
      "nodes":  {"<node id>": {"reason": "killed", "time": 1.7e9, "failures": [...]}},
      "lifted": {"<node id>": 1.7e9}}
+
+Whoever can write the run directory can write this file, so :func:`read` trusts nothing in
+it: the file is read through :func:`~rayguard.checkpoint.fsio.read_bounded` (a link, a FIFO,
+a device or an oversize file is refused, never followed or waited on) and each entry is
+checked (:func:`entry_problem`); an invalid entry is dropped with a warning naming it. The
+entries never fence every alive node of the cluster
+(:func:`~rayguard.health.quarantine.fence_nodes`, applied by the run's
+:class:`~rayguard.run.fence.NodeFence`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from rayguard.checkpoint.fsio import atomic_write_bytes, locked
+from rayguard.checkpoint.fsio import atomic_write_bytes, locked, read_bounded
 from rayguard.constants import QUARANTINE_FILENAME
 from rayguard.health.quarantine import Quarantined
 from rayguard.safejson import UnsafeJSONError, loads
 
+logger = logging.getLogger("rayguard")
+
 MAX_BYTES = 4 << 20
 VERSION = 1
+NODE_ID = re.compile(r"[0-9a-f]{8,128}")
+"""A node id as Ray writes it (56 lowercase hex digits; 8 to 128 accepted)."""
+MAX_REASON_CHARS = 64
+MAX_DETAIL_CHARS = 1000
 
 State = dict[str, Any]
 
@@ -42,18 +59,110 @@ def empty() -> State:
 
 
 def read(path: str | os.PathLike[str]) -> State:
-    """The file's state (empty when there is none). Raises ``ValueError`` (an
-    :class:`~rayguard.safejson.UnsafeJSONError`) for a file that is not one."""
+    """The file's state (empty when there is none), its invalid entries dropped with a
+    warning. Raises ``ValueError`` (an :class:`~rayguard.safejson.UnsafeJSONError`) for a
+    file that is not one: not JSON, over :data:`MAX_BYTES`, not a regular file (a link, a
+    FIFO, a device), or whose ``nodes``/``lifted`` are not objects."""
     try:
-        data = Path(path).read_bytes()
+        data = read_bounded(path, MAX_BYTES)
     except FileNotFoundError:
         return empty()
+    except OSError as exc:  # NotRegularFileError included: never followed, never waited on
+        raise UnsafeJSONError(f"{path}: not a rayguard quarantine file ({exc.strerror or exc}). "
+                              "Fix: remove it (a run writes a regular file)") from None
     state = loads(data, max_bytes=MAX_BYTES, max_depth=8)
     nodes, lifted = state.get("nodes", {}), state.get("lifted", {})
-    if not isinstance(nodes, dict) or not isinstance(lifted, dict) or not all(
-            isinstance(v, dict) for v in nodes.values()):
+    if not isinstance(nodes, dict) or not isinstance(lifted, dict):
         raise UnsafeJSONError(f"{path}: not a rayguard quarantine file (nodes, lifted)")
-    return {"version": VERSION, "nodes": nodes, "lifted": lifted}
+    return {"version": VERSION, "nodes": _valid(path, "nodes", nodes, entry_problem),
+            "lifted": _valid(path, "lifted", lifted, _time_problem)}
+
+
+def _valid(path: Any, section: str, entries: dict[str, Any],
+           problem: Callable[[Any], str | None]) -> dict[str, Any]:
+    """``entries`` whose id and value pass; each other one dropped with a warning."""
+    kept = {}
+    for node, value in entries.items():
+        why = ("node id is not 8 to 128 lowercase hex digits" if not NODE_ID.fullmatch(node)
+               else problem(value))
+        if why is None:
+            kept[node] = value
+        else:
+            logger.warning("rayguard: %s: %s entry %s dropped: %s. Fix: remove it from the "
+                           "file (the next write drops it)", path, section,
+                           ascii(node[:80]), why)
+    return kept
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _time_problem(value: Any) -> str | None:
+    return None if _number(value) else f"time {ascii(value)[:40]} is not a finite number"
+
+
+def entry_problem(entry: Any) -> str | None:
+    """Why a ``nodes`` entry is invalid (``None``: valid): an object with ``reason`` (a
+    string), ``time`` (a finite number) and ``failures`` (a list of failure objects)."""
+    if not isinstance(entry, dict):
+        return f"entry is a {type(entry).__name__}, not an object"
+    reason, failures = entry.get("reason"), entry.get("failures")
+    if not isinstance(reason, str) or not 0 < len(reason) <= MAX_REASON_CHARS:
+        return f"reason {ascii(reason)[:40]} is not a string of 1 to {MAX_REASON_CHARS} chars"
+    if not _number(entry.get("time")):
+        return _time_problem(entry.get("time"))
+    if not isinstance(failures, list):
+        return f"failures {ascii(failures)[:40]} is not a list"
+    for i, failure in enumerate(failures):
+        why = _failure_problem(failure)
+        if why is not None:
+            return f"failures[{i}]: {why}"
+    return None
+
+
+def _failure_problem(failure: Any) -> str | None:
+    """Why one failure object (``NodeFailure.to_dict``) is invalid, ``None`` when valid."""
+    if not isinstance(failure, dict):
+        return f"a {type(failure).__name__}, not an object"
+    attempt, rank = failure.get("attempt"), failure.get("rank")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        return f"attempt {ascii(attempt)[:40]} is not an integer >= 0"
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+        return f"rank {ascii(rank)[:40]} is not an integer"
+    for name, limit in (("reason", MAX_REASON_CHARS), ("detail", MAX_DETAIL_CHARS),
+                        ("node", 128)):
+        value = failure.get(name, "")
+        if not isinstance(value, str) or len(value) > limit:
+            return f"{name} {ascii(value)[:40]} is not a string of at most {limit} chars"
+    return None
+
+
+def attempts(entry: Any) -> list[int]:
+    """The attempts an entry's failures ended (any shape: what is not a failure is
+    skipped), for the messages that list them."""
+    failures = entry.get("failures") if isinstance(entry, dict) else None
+    if not isinstance(failures, list):
+        return []
+    return [f["attempt"] for f in failures if isinstance(f, dict)
+            and isinstance(f.get("attempt"), int) and not isinstance(f.get("attempt"), bool)]
+
+
+def recorded_nodes(events: Iterable[Any]) -> set[str]:
+    """The nodes whose quarantine a run in this directory recorded (a ``node_quarantined``
+    event not followed by a ``quarantine_lifted`` of that node): the entries "this run"
+    wrote. The others came into the file some other way."""
+    nodes: set[str] = set()
+    for e in events:
+        node = e.get("node") if isinstance(e, dict) else None
+        if not isinstance(node, str):
+            continue
+        if e.get("kind") == "node_quarantined":
+            nodes.add(node)
+        elif e.get("kind") == "quarantine_lifted":
+            nodes.discard(node)
+    return nodes
 
 
 def update(path: str | os.PathLike[str], change: Callable[[State], Any]) -> State:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -103,43 +104,77 @@ def watch_optimizer_steps(heartbeat: Any) -> Any:
 
 
 def dump_stacks(ctx: Place, *, local_run_dir: bool = True) -> str | None:
-    """Write the stacks of every thread of this worker into the run directory (with remote
-    storage: a fresh private directory, ``mkdtemp`` mode 0700, in the node's temporary
-    directory; the event names the file and the node). No write follows a link: the folder
-    is opened with O_NOFOLLOW and the file created in it with O_CREAT|O_EXCL|O_NOFOLLOW, so
-    links or files another user planted there are never written through."""
-    import faulthandler
-    import shutil
-    import subprocess
-    import tempfile
-
+    """Write the stacks of every thread of this worker into ``<run_dir>/rayguard_stacks``
+    when that folder is ours (:func:`stacks_folder`), else (another user's folder, a link,
+    remote storage) into a fresh private directory, ``mkdtemp`` mode 0700, in the node's
+    temporary directory; the event names the file and the node. The file is created 0600
+    with O_CREAT|O_EXCL|O_NOFOLLOW in the folder's descriptor: never through a link."""
     name = f"rank{ctx.rank}-attempt{ctx.attempt}-{int(time.time())}-{os.getpid()}.txt"
     try:
-        if local_run_dir:
-            directory = os.path.join(ctx.run_dir, "rayguard_stacks")
-            os.makedirs(directory, exist_ok=True)
-        else:
-            directory = tempfile.mkdtemp(prefix="rayguard_stacks-")
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        directory, dir_fd = stacks_folder(ctx.run_dir if local_run_dir else None)
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o666, dir_fd=dir_fd)
+                         0o600, dir_fd=dir_fd)
         finally:
             os.close(dir_fd)
-        path = os.path.join(directory, name)
         with os.fdopen(fd, "w") as f:
-            f.write(f"# rank {ctx.rank} pid {os.getpid()} node {ctx.node_id}: Python stacks\n")
-            f.flush()
-            faulthandler.dump_traceback(file=f, all_threads=True)
-            py_spy = shutil.which("py-spy")
-            if py_spy:
-                f.write("\n# native + Python stacks (py-spy dump --native)\n")
-                f.flush()
-                proc = subprocess.run([py_spy, "dump", "--native", "--pid", str(os.getpid())],
-                                      capture_output=True, text=True, timeout=20)
-                f.write(proc.stdout or proc.stderr)
-        return path
+            _write_stacks(f, ctx)
+        return os.path.join(directory, name)
     except Exception as exc:  # a failed dump must not stop the restart
         logger.warning("rayguard: could not dump stacks: %s", exc)
         return None
 
+
+def stacks_folder(run_dir: str | None) -> tuple[str, int]:
+    """The folder for stack dumps and a descriptor of it: ``<run_dir>/rayguard_stacks``
+    (created 0700) when it is a directory, not a link, owned by this user and writable by
+    no one else (``mode & 0o022 == 0``); else (or ``run_dir`` ``None``) a fresh private
+    ``tempfile.mkdtemp``. The checks are made on the opened descriptor (no race with a
+    rename)."""
+    import tempfile
+
+    if run_dir is not None:
+        folder = os.path.join(run_dir, "rayguard_stacks")
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+            if not os.path.lexists(folder):
+                os.mkdir(folder, 0o700)
+            fd = _own_private_dir(folder)
+            if fd is not None:
+                return folder, fd
+        except OSError as exc:
+            logger.warning("rayguard: stacks not dumped into %s (%s)", folder, exc)
+    folder = tempfile.mkdtemp(prefix="rayguard_stacks-")
+    return folder, os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _own_private_dir(folder: str) -> int | None:
+    """A descriptor of ``folder`` when it is a directory (not a link) of this user that no
+    one else can write; ``None`` (with a warning) when it is not."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o022 == 0:
+        return fd
+    os.close(fd)
+    logger.warning("rayguard: %s is not a private folder of this user (owner uid %d, mode %o); "
+                   "stacks go to a private temporary folder. Fix: remove it, or chmod go-w "
+                   "it as its owner", folder, st.st_uid, stat.S_IMODE(st.st_mode))
+    return None
+
+
+def _write_stacks(f: Any, ctx: Place) -> None:
+    """Every thread's Python stacks, then py-spy's native ones where py-spy is installed."""
+    import faulthandler
+    import shutil
+    import subprocess
+
+    f.write(f"# rank {ctx.rank} pid {os.getpid()} node {ctx.node_id}: Python stacks\n")
+    f.flush()
+    faulthandler.dump_traceback(file=f, all_threads=True)
+    py_spy = shutil.which("py-spy")
+    if py_spy:
+        f.write("\n# native + Python stacks (py-spy dump --native)\n")
+        f.flush()
+        proc = subprocess.run([py_spy, "dump", "--native", "--pid", str(os.getpid())],
+                              capture_output=True, text=True, timeout=20)
+        f.write(proc.stdout or proc.stderr)

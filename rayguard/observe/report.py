@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 from typing import Any
 
@@ -18,11 +19,14 @@ from rayguard.checkpoint.interval_advice import recommend_interval
 from rayguard.events.read import locate, read_log
 from rayguard.events.record import json_safe
 from rayguard.exceptions import RayGuardError
+from rayguard.health import quarantine_file
 from rayguard.observe.goodput import goodput
 from rayguard.observe.report_goodput import STYLE as GOODPUT_STYLE
 from rayguard.observe.report_goodput import goodput_section
-from rayguard.observe.report_quarantine import quarantine_rows, quarantine_section
+from rayguard.observe.report_quarantine import file_rows, quarantine_rows, quarantine_section
 from rayguard.observe.timeline import build_run, build_sweep
+
+logger = logging.getLogger("rayguard")
 
 DATA_ELEMENT_ID = "rayguard-report-data"
 TIMELINE_ELEMENT_ID = "rayguard-timeline"
@@ -65,7 +69,8 @@ def write_report(run_dir: str, output: str = "report.html", *, metric: str | Non
         data = build_run(parsed.events, metric=metric)
         data["goodput"] = goodput(parsed.events).to_dict()
         data["goodput"]["checkpoint_interval"] = recommend_interval(parsed.events).line()
-        data["quarantine"] = quarantine_rows(parsed.events)
+        rows = quarantine_rows(parsed.events)
+        data["quarantine"] = rows + file_rows(_quarantine_file(source), rows)
     data["source"] = str(run_dir)
     data["bad_lines"] = parsed.bad_lines
     page = render(data)
@@ -73,6 +78,19 @@ def write_report(run_dir: str, output: str = "report.html", *, metric: str | Non
     with open(output, "w", encoding="utf-8") as f:
         f.write(page)
     return output
+
+
+def _quarantine_file(source: Any) -> dict[str, Any]:
+    """The entries of a local run's quarantine file (none for a remote run or a file that
+    is not one: a warning says which)."""
+    if source.filesystem is not None:
+        return {}
+    path = quarantine_file.quarantine_path(os.path.dirname(os.path.abspath(source.path)))
+    try:
+        return quarantine_file.read(path)["nodes"]
+    except (OSError, ValueError) as exc:
+        logger.warning("rayguard report: quarantine file left out: %s", exc)
+        return {}
 
 
 # -- figures ---------------------------------------------------------------------------------

@@ -8,19 +8,21 @@ quarantine; returns the ``node_quarantined`` events to record; and persists the 
 the run directory (:mod:`rayguard.health.quarantine_file`). At each worker-group start the
 controller asks :meth:`NodeFence.excluded`, which re-reads that file: a node a person lifted
 (``rayguard quarantine lift``) is admitted again from that attempt on (``quarantine_lifted``).
+The file's entries never fence every alive node (:func:`~rayguard.health.quarantine.fence_nodes`):
+anyone who can write the run directory can write that file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from rayguard.events import make_event
 from rayguard.health import quarantine_file
 from rayguard.health.eviction import RankScore, StragglerEviction
-from rayguard.health.quarantine import NodeFailure, Quarantined, plan_quarantine
+from rayguard.health.quarantine import NodeFailure, Quarantined, fence_nodes, plan_quarantine
 
 logger = logging.getLogger("rayguard")
 
@@ -28,7 +30,10 @@ logger = logging.getLogger("rayguard")
 class NodeFence:
     def __init__(self, quarantine_after: int | None = 2, path: str | None = None,
                  straggler_evict_after_s: float | None = None,
-                 straggler_threshold: float | None = None) -> None:
+                 straggler_threshold: float | None = None,
+                 alive_nodes: Callable[[], Collection[str] | None] | None = None) -> None:
+        """``alive_nodes``: the ids of the cluster's alive nodes (``None`` when not known;
+        default: asked of Ray)."""
         self.quarantine_after = quarantine_after
         self.path = path
         """The run directory's quarantine file (``None``: a remote run directory; the
@@ -37,6 +42,10 @@ class NodeFence:
         self._quarantined: dict[str, dict[str, Any]] = {}
         self._lifted: dict[str, int] = {}
         self._withheld: set[str] = set()
+        self._own: set[str] = set()
+        """The nodes this run's rule quarantined (the others came from the file)."""
+        self._from_file_withheld: frozenset[str] = frozenset()
+        self._alive_nodes = alive_nodes or _alive_node_ids
         self.eviction = (StragglerEviction(straggler_evict_after_s, straggler_threshold)
                          if straggler_evict_after_s is not None and straggler_threshold is not None
                          and quarantine_after is not None else None)
@@ -47,7 +56,8 @@ class NodeFence:
                ) -> list[dict[str, Any]]:
         """Count ``failures``; the ``node_quarantined`` events of the nodes this quarantines."""
         self._failures.extend(failures)
-        decision = plan_quarantine(self._failures, self.quarantine_after, self._quarantined,
+        applied = set(self._quarantined) - self._from_file_withheld
+        decision = plan_quarantine(self._failures, self.quarantine_after, applied,
                                    self._lifted, nodes_alive=nodes_alive)
         for q in decision.withheld:
             if q.node not in self._withheld:
@@ -58,6 +68,7 @@ class NodeFence:
         if not decision.new:
             return []
         for q in decision.new:
+            self._own.add(q.node)
             self._quarantined[q.node] = {"reason": q.reason,
                                          "failures": [f.to_dict() for f in q.failures]}
         self._persist(decision.new)
@@ -83,6 +94,7 @@ class NodeFence:
             on_file = state.get("nodes", {})
             for node in sorted(set(self._quarantined) - set(on_file)):
                 del self._quarantined[node]
+                self._own.discard(node)
                 self._lifted[node] = attempt  # failures so far are forgiven
                 events.append(make_event(
                     "quarantine_lifted", f"node {node[:12]} admitted again from attempt "
@@ -91,11 +103,22 @@ class NodeFence:
                 self._quarantined.setdefault(node, entry)
         for e in events:  # the count once every lift of this call is applied
             e["quarantined_nodes"] = len(self._quarantined)
-        return sorted(self._quarantined), events
+        decision = fence_nodes(self._own, set(self._quarantined) - self._own, self._alive_nodes())
+        self._note_withheld(decision.withheld)
+        return sorted(decision.fenced), events
 
     def quarantined(self) -> dict[str, dict[str, Any]]:
         """``{node: {"reason", "failures"}}`` of the nodes left out now."""
-        return {n: dict(e) for n, e in self._quarantined.items()}
+        return {n: dict(e) for n, e in self._quarantined.items()
+                if n not in self._from_file_withheld}
+
+    def _note_withheld(self, withheld: frozenset[str]) -> None:
+        if withheld and withheld != self._from_file_withheld:
+            logger.warning("rayguard: the quarantine file %s names every alive node; its "
+                           "entries for %s are not applied (a run never fences all its nodes). "
+                           "Fix: lift them with `rayguard quarantine lift`, or add nodes",
+                           self.path, ", ".join(n[:12] for n in sorted(withheld)))
+        self._from_file_withheld = withheld
 
     # -- helpers ---------------------------------------------------------------------------
     def _event(self, q: Quarantined) -> dict[str, Any]:
@@ -122,3 +145,13 @@ class NodeFence:
             quarantine_file.add(self.path, new)
         except (OSError, ValueError) as exc:
             logger.warning("rayguard: could not write the quarantine file %s: %s", self.path, exc)
+
+
+def _alive_node_ids() -> frozenset[str] | None:
+    """The ids of the cluster's alive nodes (``None``: not known, outside Ray)."""
+    from rayguard._ray.core import alive_node_resources
+
+    try:
+        return frozenset(alive_node_resources())
+    except Exception:
+        return None

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOP = ("examples", "tests", "rayguard", "docs", "cluster-configs", "requirements")
-NAMED = re.compile(r"`((?:%s)/[^`\s]*)`" % "|".join(TOP))
+NAMED = re.compile(r"`((?:" + "|".join(TOP) + r")/[^`\s]*)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

@@ -65,7 +65,7 @@ def test_lift_errors_say_what_to_do(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("content", [b"not json", b"[1, 2]", b'{"nodes": [1]}',
-                                     b'{"nodes": {"a": 1}}', b"{" * 100 + b"}" * 100,
+                                     b'{"lifted": 3}', b"{" * 100 + b"}" * 100,
                                      b'{"nodes": {}, "x": "' + b"y" * (5 << 20) + b'"}'])
 def test_a_hostile_file_is_refused_never_run(tmp_path, capsys, content) -> None:
     quarantine_file.quarantine_path(tmp_path).write_bytes(content)
@@ -89,3 +89,32 @@ def test_lift_under_json(tmp_path, capsys) -> None:
     assert json.loads(capsys.readouterr().out) == {"ok": True, "lifted": [A]}
     assert main(["quarantine", "list", str(tmp_path / "nope"), "--json"]) == 2
     assert "no directory" in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_an_entry_with_failures_7_is_dropped_and_the_list_prints(tmp_path, capsys) -> None:
+    quarantine(tmp_path, A)
+    path = quarantine_file.quarantine_path(tmp_path)
+    state = json.loads(path.read_text())
+    state["nodes"][B] = {"reason": "killed", "time": 1.0, "failures": 7}
+    state["nodes"]["a"] = 1
+    path.write_text(json.dumps(state))
+    assert main(["quarantine", "list", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert A in captured.out and B not in captured.out
+    assert main(["quarantine", "list", str(tmp_path), "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["nodes"]) == [A]
+
+
+def test_list_says_which_entries_this_run_recorded(tmp_path, capsys) -> None:
+    from rayguard.constants import EVENTS_FILENAME
+    from rayguard.events import make_event
+
+    quarantine(tmp_path, A, B)  # B: only in the file (planted, or a run without a log)
+    event = make_event("node_quarantined", "quarantined", node=A, reason="killed",
+                       attempts=[0, 1])
+    (tmp_path / EVENTS_FILENAME).write_text(json.dumps(event) + "\n")
+    assert main(["quarantine", "list", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{A}  [this run]" in out and f"{B}  [file]" in out
+    assert main(["quarantine", "list", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sources"] == {A: "this run", B: "file"}

@@ -1,6 +1,8 @@
-"""The hang stack dump never writes through a link another local user planted: with remote
-storage it goes into a fresh 0700 mkdtemp directory; in the run directory the folder and
-the file are opened without following links (O_NOFOLLOW, O_EXCL). Real files, real links."""
+"""The hang stack dump never writes through a link another local user planted, nor into a
+folder someone else can read or replace: with remote storage, or when ``rayguard_stacks``
+is a link, another user's, or group/world-writable, it goes into a fresh 0700 mkdtemp
+directory; the file is created 0600 without following links (O_NOFOLLOW, O_EXCL). Real
+files, real links."""
 
 from __future__ import annotations
 
@@ -29,6 +31,13 @@ def _plant_links(folder, victim) -> None:
     for t in range(now - 5, now + 60):
         for name in (f"rank0-attempt0-{t}.txt", f"rank0-attempt0-{t}-{os.getpid()}.txt"):
             os.symlink(victim, folder / name)
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(tmp_path, monkeypatch):
+    """mkdtemp folders land under the test's own directory."""
+    (tmp_path / "private-tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "private-tmp"))
 
 
 @pytest.fixture
@@ -60,13 +69,50 @@ def test_run_dir_dump_does_not_follow_planted_file_links(tmp_path, victim):
     assert victim.read_text() == VICTIM_TEXT
 
 
+def _private_elsewhere(path, run_dir) -> None:
+    """The dump went to a fresh private folder, not into the run directory's."""
+    assert path is not None and "Python stacks" in open(path).read()
+    folder = os.path.dirname(path)
+    assert folder != str(run_dir / "rayguard_stacks")
+    assert os.path.basename(folder).startswith("rayguard_stacks-")
+    assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+
+
 def test_run_dir_dump_does_not_follow_a_planted_folder_link(tmp_path):
     run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
     run_dir.mkdir()
     elsewhere.mkdir()
     os.symlink(elsewhere, run_dir / "rayguard_stacks")
-    assert dump_stacks(_ctx(str(run_dir)), local_run_dir=True) is None
+    _private_elsewhere(dump_stacks(_ctx(str(run_dir)), local_run_dir=True), run_dir)
     assert os.listdir(elsewhere) == []
+
+
+def test_a_world_writable_stacks_folder_is_not_used(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "rayguard_stacks").mkdir(parents=True)
+    os.chmod(run_dir / "rayguard_stacks", 0o777)
+    _private_elsewhere(dump_stacks(_ctx(str(run_dir)), local_run_dir=True), run_dir)
+    assert os.listdir(run_dir / "rayguard_stacks") == []
+
+
+def test_another_users_stacks_folder_is_not_used(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "rayguard_stacks").mkdir(parents=True)
+    os.chmod(run_dir / "rayguard_stacks", 0o755)
+    try:
+        os.chown(run_dir / "rayguard_stacks", 65534, 65534)
+    except PermissionError:
+        pytest.skip("needs root to give the folder to another user")
+    _private_elsewhere(dump_stacks(_ctx(str(run_dir)), local_run_dir=True), run_dir)
+    assert os.listdir(run_dir / "rayguard_stacks") == []
+
+
+def test_the_folder_rayguard_creates_is_private(tmp_path):
+    path = dump_stacks(_ctx(str(tmp_path / "run")), local_run_dir=True)
+    assert path is not None and os.path.dirname(path) == str(tmp_path / "run" / "rayguard_stacks")
+    assert stat.S_IMODE(os.lstat(os.path.dirname(path)).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
 
 
 def test_run_dir_dump_writes_the_stacks(tmp_path):

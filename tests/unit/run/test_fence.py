@@ -131,3 +131,29 @@ def test_a_diagnosed_hang_counts_against_its_culprits_node(tmp_path) -> None:
     fenced = next(e for e in events(tmp_path) if e["kind"] == "node_quarantined")
     assert (fenced["reason"], fenced["attempts"]) == ("hang_culprit", [0, 1])
     assert A not in c.quarantined_nodes()  # the waiting rank's node is not blamed
+
+
+def _plant(tmp_path, *nodes: str) -> None:
+    entry = {"reason": "killed", "time": 1.7e9, "failures": [{"attempt": 0, "reason": "killed"}]}
+    quarantine_file.quarantine_path(tmp_path).write_text(
+        json.dumps({"version": 1, "nodes": {n: entry for n in nodes}, "lifted": {}}))
+
+
+def test_a_planted_file_naming_the_only_node_does_not_fence_it(tmp_path) -> None:
+    _plant(tmp_path, A)
+    fence = NodeFence(quarantine_after=2, path=str(quarantine_file.quarantine_path(tmp_path)),
+                      alive_nodes=lambda: {A})
+    assert fence.excluded(0) == ([], []) and fence.quarantined() == {}
+
+
+def test_a_planted_file_naming_every_node_fences_none_of_them(tmp_path) -> None:
+    _plant(tmp_path, A, B)
+    alive = {A, B}
+    fence = NodeFence(quarantine_after=1, path=str(quarantine_file.quarantine_path(tmp_path)),
+                      alive_nodes=lambda: alive)
+    assert fence.excluded(0) == ([], [])
+    assert [e["node"] for e in fence.record([NodeFailure(A, 0, "killed")])] == [A]
+    assert fence.excluded(0)[0] == [A]  # the run's own rule still fences A; B is admitted
+    assert list(fence.quarantined()) == [A]
+    alive.add("c" * 56)  # room again: the file's entry applies
+    assert fence.excluded(0)[0] == [A, B]
