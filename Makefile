@@ -28,9 +28,10 @@ quickstart: setup
 
 # The Ray tests (tests/ray, tests/gpu) run one at a time: each starts Ray clusters that use
 # the machine's cores. The unit tests, single-process and pure, run on every core.
+# --durations: the slowest tests are printed at the end (the suite's time is watched).
 test: setup
-	$(BIN)/python -m pytest tests --ignore=tests/unit
-	$(BIN)/python -m pytest tests/unit -n auto
+	$(BIN)/python -m pytest tests --ignore=tests/unit --durations=25
+	$(BIN)/python -m pytest tests/unit -n auto --durations=10
 
 # The oldest Ray rayguard supports (pyproject's ray range starts here).
 OLDEST_RAY ?= 2.59.0
