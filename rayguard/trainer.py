@@ -138,8 +138,11 @@ class RobustTrainer(GuardHooksTrainer):
         return bool(getattr(self.backend_config.backend_cls, "has_replica_groups", False))
 
     def controller_callbacks(self, callbacks: list[Any]) -> list[Any]:
+        from rayguard._ray.cleaner import without_blind_cleaner
         from rayguard.controller.callbacks import RayGuardCallback
         from rayguard.controller.rank_order import CoordinatorStore, RankOrder
+
+        callbacks = without_blind_cleaner(callbacks)  # no dashboard: it could only warn
 
         store = None
         if self._coordinator is not None:
