@@ -274,7 +274,7 @@ class RobustTrainer(GuardHooksTrainer):
     def _log_goodput(self, events_file: str) -> None:
         """The driver's last lines: the run's goodput, and the checkpoint interval that would
         have maximised it, from the log just written."""
-        from rayguard.checkpoint.interval_advice import recommend_interval
+        from rayguard.checkpoint.interval_advice import advice_matters, recommend_interval
         from rayguard.events.lines import EventSource
         from rayguard.events.read import iter_events
         from rayguard.observe.goodput import goodput
@@ -290,7 +290,8 @@ class RobustTrainer(GuardHooksTrainer):
         except Exception as exc:  # reading the figures must never fail the run
             logger.debug("rayguard: no goodput figure: %s", exc)
             return
-        logger.info("%s", advice.line())  # the log format already says [rayguard]
+        if advice_matters(advice, ckpt.min_interval_s):
+            logger.info("%s", advice.line())  # the log format already says [rayguard]
         logger.info("%s", headline(self.last_goodput))
 
     def _final_error(self, exc: TrainingFailedError) -> tuple[BaseException, BaseException | None]:

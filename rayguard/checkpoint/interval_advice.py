@@ -133,6 +133,15 @@ class Recommendation:
                 f"failure(s) in {self.observed_s:.0f} s){used}")
 
 
+def advice_matters(advice: Recommendation, min_interval_s: float) -> bool:
+    """Whether the driver's last lines show ``advice``: the run saw a failure, or ran long
+    enough for its checkpoint interval to matter (longer than the shortest interval the
+    policy asks for, ``CheckpointConfig.min_interval_s``); never without a measured cost."""
+    if advice.interval_s is None or advice.cost_s is None:
+        return False
+    return advice.failures > 0 or advice.observed_s > max(min_interval_s, 1.0)
+
+
 def _seconds(value: float) -> str:
     """``60 s``; a sub-10-second figure keeps two significant digits (``0.05 s``, not
     ``0 s``)."""

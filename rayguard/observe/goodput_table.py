@@ -4,14 +4,34 @@ from __future__ import annotations
 
 from rayguard.observe.goodput import CAUSES, RESTART_PHASES, Goodput
 
+CAUSE_WORDS = {"startup": "start-up (Ray, the workers, set-up, before the first step)",
+               "restart": "restarts", "replay": "replayed steps", "checkpoint": "checkpoints",
+               "stall": "stalls", "preemption": "preemption", "other": "unaccounted time"}
+"""How the headline names a cause of badput."""
+
 
 def headline(g: Goodput) -> str:
-    """``goodput 0.68 (61.0 s productive of 90.0 s, 1 restart, 26 steps replayed)``."""
+    """``goodput 0.68 (61.0 s productive of 90.0 s, 1 restart, 26 steps replayed; most of
+    the rest: restarts 20.1 s)``: the largest cause of badput named, so that a short healthy
+    run's low figure reads as its start-up, not as a failure."""
     if g.ratio is None:
         return "goodput not measured (no events)"
-    return (f"goodput {g.ratio:.2f} ({g.productive_s:.1f} s productive of {g.wall_s:.1f} s, "
+    text = (f"goodput {g.ratio:.2f} ({g.productive_s:.1f} s productive of {g.wall_s:.1f} s, "
             f"{g.restarts} restart{'s' if g.restarts != 1 else ''}, {g.replayed_steps} "
-            f"step{'s' if g.replayed_steps != 1 else ''} replayed)")
+            f"step{'s' if g.replayed_steps != 1 else ''} replayed")
+    cause = largest_cause(g)
+    if cause is not None:
+        text += f"; most of the rest: {CAUSE_WORDS.get(cause, cause)} {g.badput_s[cause]:.1f} s"
+    return text + ")"
+
+
+def largest_cause(g: Goodput) -> str | None:
+    """The cause of badput that cost the most (``None``: no badput of note, under 5% of the
+    wall time)."""
+    if not g.badput_s or g.wall_s <= 0:
+        return None
+    cause = max(CAUSES, key=lambda c: g.badput_s.get(c, 0.0))
+    return cause if g.badput_s.get(cause, 0.0) >= 0.05 * g.wall_s else None
 
 
 def _share(seconds: float, wall: float) -> str:

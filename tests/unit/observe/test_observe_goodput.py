@@ -439,3 +439,28 @@ def test_the_coordinator_knows_the_highest_step_the_run_reached(tmp_path):
     coordinator.record(make_event("restored", "restored", rank=0, attempt=1, step=4))
     coordinator.progress({"step": 5})
     assert coordinator.high_step() == 13  # the restore and the replay do not lower it
+
+
+def test_the_headline_names_the_largest_cause_of_badput():
+    from rayguard.observe.goodput import CAUSES, RESTART_PHASES, Goodput
+    from rayguard.observe.goodput_table import headline
+
+    badput = dict.fromkeys(CAUSES, 0.0)
+    short = Goodput(33.0, 0.3, 0.01, {**badput, "startup": 29.4, "other": 3.3},
+                    dict.fromkeys(RESTART_PHASES, 0.0))
+    assert headline(short).endswith("; most of the rest: start-up (Ray, the workers, set-up, "
+                                    "before the first step) 29.4 s)")
+    clean = Goodput(100.0, 98.0, 0.98, {**badput, "other": 2.0}, dict.fromkeys(RESTART_PHASES, 0.0))
+    assert headline(clean).endswith("0 steps replayed)")  # under 5%: nothing to name
+
+
+def test_interval_advice_is_shown_only_after_a_failure_or_a_long_enough_run():
+    from rayguard.checkpoint.interval_advice import Recommendation, advice_matters
+
+    def advice(observed_s, failures, interval_s=60.0):
+        return Recommendation(interval_s, 0.02, 86400.0, observed_s, failures, 10, 0.07, 1.0)
+
+    assert not advice_matters(advice(14.0, 0), 60.0)  # a short healthy demo
+    assert advice_matters(advice(14.0, 1), 60.0)
+    assert advice_matters(advice(600.0, 0), 60.0)
+    assert not advice_matters(advice(600.0, 1, interval_s=None), 60.0)
