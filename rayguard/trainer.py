@@ -36,6 +36,7 @@ from rayguard.constants import (
 )
 from rayguard.events import events_path, make_event
 from rayguard.exceptions import ConfigError, WorkerTraceback
+from rayguard.failures.messages import one_line, worker_line
 
 logger = logging.getLogger("rayguard")
 
@@ -240,11 +241,11 @@ class RobustTrainer(GuardHooksTrainer):
         except TrainingFailedError as exc:
             error, cause = self._final_error(exc)
             ray.get(coordinator.record.remote(make_event(
-                "failed", f"run failed: {_one_line(error)}", details=str(error)[:20000])))
+                "failed", f"run failed: {one_line(error)}", details=str(error)[:20000])))
             raise error from cause
         except BaseException as exc:
             ray.get(coordinator.record.remote(make_event(
-                "failed", f"run failed: {_one_line(exc)}", details=str(exc)[:20000])))
+                "failed", f"run failed: {one_line(exc)}", details=str(exc)[:20000])))
             raise
         else:
             ray.get(coordinator.record.remote(make_event("finished", "run finished")))
@@ -312,7 +313,7 @@ class RobustTrainer(GuardHooksTrainer):
         except Exception:
             stop, failures, kills = None, {}, {}
         records = failures.get(max(failures), []) if failures else []
-        lines = [_worker_line(rank, error, kills.get(rank))
+        lines = [worker_line(rank, error, kills.get(rank))
                  for rank, error in sorted(exc.worker_failures.items())]
         if stop:
             lines.append(f"rayguard: {stop['reason']}.")
@@ -376,16 +377,6 @@ class RobustTrainer(GuardHooksTrainer):
                 os.environ[key] = value
 
 
-def _worker_line(rank: int, error: BaseException, killed: dict[str, str] | None) -> str:
-    """One worker's line of the final error; a worker rayguard's watchdog killed says so
-    first (Ray's own text for a killed actor suggests the OOM killer)."""
-    line = f"[rank {rank}] {type(error).__name__}: {error}"
-    if not killed:
-        return line
-    return (f"[rank {rank}] killed by rayguard: {killed['bound']} bound ({killed['reason']}; "
-            f"see the stall_detected event). Ray's view: {line.split(': ', 1)[-1][:300]}")
-
-
 def _cluster_address() -> str | None:
     """The GCS address of the cluster this driver is connected to (None if unknown, as
     through Ray Client)."""
@@ -396,9 +387,3 @@ def _cluster_address() -> str | None:
     except Exception as exc:
         logger.debug("rayguard: cluster address unknown, RAY_ADDRESS not pinned: %s", exc)
         return None
-
-
-def _one_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
-

@@ -56,7 +56,7 @@ class FiniteGuard:
                 "this attempt stops (the group resumes from the last verified checkpoint "
                 "before it unless the restart budget or the crash-loop rule ends the run)")
         ctx = self.link.ctx
-        raise cls(f"rank {ctx.rank} on node {ctx.node_id}: {decision.reason}; {what}. "
+        raise cls(f"rank {ctx.rank} on node {ctx.node_id[:8]}: {decision.reason}; {what}. "
                   "Fix: lower the learning rate, clip gradients, or check the data at that step.")
 
     def _check_divergence(self, metrics: dict[str, Any], step: int, *, defer: bool) -> bool:
@@ -84,5 +84,5 @@ class FiniteGuard:
                 "this attempt stops (the group resumes from the last verified checkpoint "
                 "before it unless the restart budget or the crash-loop rule ends the run)")
         cls = FatalNonFiniteMetricError if fail else DivergedMetricError
-        raise cls(f"rank {ctx.rank} on node {ctx.node_id}: {reason}; {what}. Fix: lower the "
+        raise cls(f"rank {ctx.rank} on node {ctx.node_id[:8]}: {reason}; {what}. Fix: lower the "
                   "learning rate, clip gradients, or check the data at that step.")

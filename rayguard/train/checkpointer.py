@@ -168,7 +168,7 @@ class Checkpointer:
 
                 ctx = self.link.ctx
                 raise CheckpointError(
-                    f"rank {ctx.rank} on node {ctx.node_id}: the last checkpoint was "
+                    f"rank {ctx.rank} on node {ctx.node_id[:8]}: the last checkpoint was "
                     f"still persisting {timeout_s} s after the training function returned. "
                     "Fix: check the storage's speed, or raise "
                     "CheckpointConfig(finish_timeout_s=...).")

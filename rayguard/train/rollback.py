@@ -111,7 +111,7 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
         path = next((r for _, r in answers if r), None)
     if not ok:
         raise FatalNonFiniteMetricError(
-            f"rank {ctx.rank} on node {ctx.node_id}: {reason}; the run ends. Fix: lower the "
+            f"rank {ctx.rank} on node {ctx.node_id[:8]}: {reason}; the run ends. Fix: lower the "
             "learning rate, clip gradients, or check the data at that step.")
     agreed = time.time()
     if ctx.rank == 0:

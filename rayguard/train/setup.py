@@ -68,7 +68,7 @@ def check_rank_env(env: dict[str, str], ctx: GuardContext) -> None:
         problems.append(f"local rank {ctx.local_rank} outside local world size {ctx.local_world_size}")
     if problems:
         raise WorkerSetupError(
-            f"rank {ctx.rank} on node {ctx.node_id}: inconsistent distributed environment: "
+            f"rank {ctx.rank} on node {ctx.node_id[:8]}: inconsistent distributed environment: "
             + "; ".join(problems)
             + ". Fix: do not set RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE yourself "
             "(runtime_env env_vars, the node's environment); Ray Train sets them per worker."
