@@ -27,7 +27,14 @@ from typing import Any
 
 logger = logging.getLogger("rayguard")
 
-_SKIP = (os.sep + "torch" + os.sep, os.sep + "rayguard" + os.sep, os.sep + "threading.py")
+def _skipped() -> tuple[str, ...]:
+    """Where the frames a diagnosis looks past live: rayguard's and torch's own package
+    folders (not any folder of that name: a user's code may live in one) and threading."""
+    roots = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
+    torch = sys.modules.get("torch")
+    if getattr(torch, "__file__", None):
+        roots.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)  # type: ignore[union-attr,arg-type]
+    return (*roots, os.path.abspath(threading.__file__))
 
 
 def top_frame(thread_id: int | None) -> str | None:
@@ -39,8 +46,9 @@ def top_frame(thread_id: int | None) -> str | None:
     frames = traceback.extract_stack(frame)
     if not frames:
         return None
-    chosen = next((f for f in reversed(frames) if not any(s in f.filename for s in _SKIP)),
-                  frames[-1])
+    skip = _skipped()
+    chosen = next((f for f in reversed(frames)
+                   if not os.path.abspath(f.filename).startswith(skip)), frames[-1])
     return f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
 
 

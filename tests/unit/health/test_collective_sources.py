@@ -151,3 +151,21 @@ def test_the_top_frame_is_the_users_line_of_the_thread():
     assert frame is not None and "test_collective_sources.py" in frame
     assert frame.endswith("in test_the_top_frame_is_the_users_line_of_the_thread")
     assert top_frame(None) is None and top_frame(-1) is None
+
+
+def test_a_users_folder_named_rayguard_or_torch_is_still_the_users(tmp_path):
+    """Only rayguard's and torch's own package folders are looked past, not any folder of
+    that name: a loop whose code lives in ``.../rayguard/`` gets its own line."""
+    import threading
+
+    for name in ("rayguard", "torch"):
+        folder = tmp_path / name
+        folder.mkdir()
+        source = folder / "train_loop.py"
+        source.write_text("def my_loop(top_frame, ident):\n    return top_frame(ident)\n")
+        code = compile(source.read_text(), str(source), "exec")
+        scope: dict = {}
+        exec(code, scope)  # noqa: S102 - the test's own file, to get a frame in that folder
+        frame = scope["my_loop"](top_frame, threading.get_ident())
+        assert frame is not None and frame.startswith(str(source)), frame
+        assert frame.endswith("in my_loop")
