@@ -35,6 +35,7 @@ from rayguard.constants import (
     propagated_env,
 )
 from rayguard.events import events_path, make_event
+from rayguard.events.upload import LogUploader
 from rayguard.exceptions import ConfigError, WorkerTraceback
 from rayguard.failures.messages import one_line, worker_line
 
@@ -93,6 +94,7 @@ class RobustTrainer(GuardHooksTrainer):
         event log), also the driver's last line."""
         self._live = apply_live(guard_config, kwargs)
         self._user_worker_env: Any = None
+        self._uploader: LogUploader | None = None
         user_run_config = run_config is not None
         run_config, note = _with_restart_budget(run_config, guard_config)
         self._budget_note = note if user_run_config else None  # only where 0 may be meant
@@ -218,9 +220,10 @@ class RobustTrainer(GuardHooksTrainer):
         if self._remote_fs is None:
             os.makedirs(run_dir, exist_ok=True)
             events_file = str(events_path(run_dir))
-        else:  # written locally, uploaded into the run directory when fit() ends
+        else:  # written locally, uploaded into the run directory every few seconds
             events_file = os.path.join(tempfile.mkdtemp(prefix="rayguard-events-"),
                                        EVENTS_FILENAME)
+            self._uploader = LogUploader(events_file, run_dir, self._remote_fs).start()
         health = self.guard_config.health
         self._coordinator = start_coordinator(events_file, observe={
             "run": os.path.basename(run_dir.rstrip("/")) or "run",
@@ -269,7 +272,9 @@ class RobustTrainer(GuardHooksTrainer):
             logger.debug("rayguard: coordinator unavailable at the end of fit(): %s", exc)
         ray.kill(coordinator)
         self._coordinator = None
-        self._upload_events(events_file)
+        if self._uploader is not None:  # the log as it ends, into the run directory
+            self._uploader.stop()
+            self._uploader = None
         self._log_goodput(events_file)
 
     def _log_goodput(self, events_file: str) -> None:
@@ -326,20 +331,6 @@ class RobustTrainer(GuardHooksTrainer):
             cause.__cause__ = WorkerTraceback(f"rank {rank}, attempt {record.attempt}:\n"
                                               + record.traceback)
         return error, cause
-
-    def _upload_events(self, events_file: str) -> None:
-        fs = self._remote_fs
-        if fs is None or not os.path.exists(events_file):
-            return
-        from pyarrow.fs import LocalFileSystem, copy_files
-
-        try:
-            fs.create_dir(self.run_dir, recursive=True)
-            copy_files(events_file, f"{self.run_dir.rstrip('/')}/{EVENTS_FILENAME}",
-                       source_filesystem=LocalFileSystem(), destination_filesystem=fs)
-        except OSError as exc:
-            logger.warning("rayguard: could not upload the event log %s to %s: %s",
-                           events_file, self.run_dir, exc)
 
     def _set_env(self) -> dict[str, str | None]:
         """Ray copies its own train variables (the poll interval among them) from the driver

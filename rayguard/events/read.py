@@ -63,7 +63,7 @@ def locate(location: str, filesystem: Any = None) -> EventSource:
         f"no rayguard event log in {location} (looked for {EVENTS_FILENAME} and "
         f"{SWEEP_EVENTS_FILENAME}). Fix: pass the run directory (Result.path) of a run started "
         "with rayguard.RobustTrainer, or the experiment directory of rayguard.tune.run. A remote "
-        "run's log is uploaded when fit() ends."
+        "run's log is uploaded every few seconds while it runs."
     )
 
 
