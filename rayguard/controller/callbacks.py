@@ -64,6 +64,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         the quarantined nodes (merged with the user's ``label_selector``)."""
         import ray
 
+        from rayguard._ray.console import quiet_controller
+
+        quiet_controller()  # a crashed worker's shutdown traceback: rayguard's line says it
         self._attempt = ray.get(self.coordinator.new_attempt.remote())
         self._nodes = []
         if self.fence is None:

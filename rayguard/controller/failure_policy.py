@@ -45,6 +45,17 @@ class GuardFailurePolicy(DefaultFailurePolicy):
         self.coordinator = coordinator
         self.crash_loop_retries = crash_loop_retries
 
+    def _log_decision(self, decision: FailureDecision, *args: Any, **kwargs: Any) -> None:
+        """Ray's dump of a failure it retries (the worker's whole error and traceback, about
+        80 lines on the console) only at ``RAYGUARD_LOG_LEVEL=DEBUG``: rayguard's own line
+        (``worker_died``, ``restart``) says what happened, and the event log keeps the
+        whole text. A decision that ends the run is logged as Ray logs it."""
+        from rayguard.logs import log_level
+
+        if decision == FailureDecision.RETRY and log_level() > logging.DEBUG:
+            return
+        super()._log_decision(decision, *args, **kwargs)
+
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
         if isinstance(training_failed_error, WorkerGroupError):
             failures = training_failed_error.worker_failures

@@ -290,12 +290,14 @@ class GuardedTrainFn:
 
     def _set_up(self, attempt: int | None = None
                 ) -> tuple[WorkerSession, Any, ray_report.RayReportBridge]:
+        from rayguard._ray.console import quiet_worker
         from rayguard.logs import configure_logging, quiet_ray_reports
 
         setup_start_time = time.time()  # the set-up phase of a restart begins (goodput)
         claim_process()  # a warm spare that Ray gave this worker is a spare no more
         configure_logging()
         quiet_ray_reports()
+        quiet_worker()  # a traceback that only says a peer died: rayguard's line says it
 
         ctx = _base_context(self.run_dir, read_attempt(self.coordinator)
                             if attempt is None else attempt)
