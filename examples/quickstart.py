@@ -73,7 +73,7 @@ def main() -> None:
     print("look inside:")
     print(f"  {shell_command('checkpoint', 'ls', result.path)}")
     print(f"  {shell_command('events', result.path)}")
-    print(f"  {shell_command('report', result.path, '-o', 'report.html')}"
+    print(f"  {shell_command('report', result.path)}"
           "   # needs rayguard[report] (plotly)")
 
 

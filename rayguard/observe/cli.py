@@ -1,10 +1,12 @@
 """``rayguard events RUN_DIR [--follow] [--kind K] [--rank R] [--json] [--goodput]`` and
-``rayguard report RUN_DIR [-o report.html] [--metric NAME]``."""
+``rayguard report RUN_DIR [-o FILE.html] [--metric NAME]`` (without ``-o``: into the run
+directory)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -22,7 +24,9 @@ def register(subparsers: Any) -> None:
     p_report = subparsers.add_parser(
         "report", help="write one self-contained HTML report (timeline, loss, summary) of a run")
     p_report.add_argument("run_dir", help="run directory (Result.path), sweep directory, or URI")
-    p_report.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    p_report.add_argument("-o", "--output", default=None,
+                          help=f"HTML file to write (default: {REPORT_NAME} in the run "
+                               "directory; for a remote run, in the current directory)")
     p_report.add_argument("--json", action="store_true",
                           help='print {"ok", "path"} or {"ok": false, "error"} as JSON')
     p_report.add_argument("--metric", default=None,
@@ -100,6 +104,20 @@ def _print_goodput(source: Any, *, as_json: bool) -> int:
     return 0
 
 
+REPORT_NAME = "rayguard_report.html"
+
+
+def default_output(run_dir: str) -> str:
+    """Where ``rayguard report`` writes without ``-o``: beside the run's event log in a
+    local run directory (not into the current directory, a checkout), else the current
+    directory (a remote run)."""
+    path = run_dir.removeprefix("file://")
+    if "://" in path:
+        return REPORT_NAME
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    return os.path.join(folder, REPORT_NAME)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rayguard.observe.report import ReportDependencyError, write_report
 
@@ -110,7 +128,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return code
 
     try:
-        path = write_report(args.run_dir, args.output, metric=args.metric)
+        path = write_report(args.run_dir, args.output or default_output(args.run_dir),
+                            metric=args.metric)
     except (OSError, ValueError) as exc:  # not found, unreadable, a URI pyarrow cannot open
         return fail(exc, 2)
     except ReportDependencyError as exc:
