@@ -9,7 +9,10 @@ of a live run keeps one:
 * the workers' runtime environment (``RunConfig.worker_runtime_env``, set by
   :meth:`rayguard.trainer.RobustTrainer`) names :func:`warm` as Ray's worker-process set-up
   hook, so every process started for it imports torch and Ray Train before it takes work,
-  and a run-specific :data:`SPARE_DIR_ENV` (spares of one run are never another's);
+  and a run-specific :data:`SPARE_DIR_ENV` (spares of one run are never another's), whose
+  folder on each node is private to the run's user (:mod:`rayguard._ray.spare_dir`:
+  ``<tmp>/rayguard-spares-<uid>/<run id>``, 0700, checked at every level; a folder another
+  user made or opened turns the spare off with one warning, never a worker's start);
 * after set-up, the lowest rank of each node writes the names of the modules its process
   has imported (:func:`record_modules`: the user's loop, Transformers or Lightning,
   rayguard's worker modules) and asks its raylet to prestart one process of exactly its own
@@ -32,20 +35,20 @@ effort: a spare that cannot be had leaves the replacement to start a new process
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
-import shutil
 import signal
-import tempfile
+import sys
 import threading
 import time
 import uuid
 
-logger = logging.getLogger("rayguard")
+from rayguard._ray import spare_dir
+from rayguard._ray.prestart import KEEP_ALIVE_S, prestart
+from rayguard._ray.spare_dir import SPARE_DIR_ENV, base_dir, open_private
 
-SPARE_DIR_ENV = "RAYGUARD_SPARE_DIR"
-"""The node-local directory of a run's spares (one empty file per process, named by its
-pid); also what makes the run's worker runtime environment its own."""
+logger = logging.getLogger("rayguard")
 
 HOOK = "rayguard._ray.spare.warm"
 MODULES_FILE = "modules"
@@ -65,16 +68,12 @@ POLL_S = 5.0
 
 _claimed = threading.Event()
 
-KEEP_ALIVE_S = 600
-"""Ray keeps an unused prestarted process at least this long; a run that ends without its
-clean-up (its driver killed) leaves its spare no longer."""
-
-
 def spare_env() -> dict[str, str]:
-    """The worker environment variables of a live run with a spare (the driver sets them)."""
+    """The worker environment variables of a live run with a spare (the driver sets them;
+    each node keeps the run's folder under its own user's base, by the run id)."""
     from ray._private import ray_constants
 
-    path = os.path.join(tempfile.gettempdir(), "rayguard-spares", uuid.uuid4().hex[:16])
+    path = os.path.join(base_dir(), uuid.uuid4().hex[:16])
     return {SPARE_DIR_ENV: path, ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR: HOOK}
 
 
@@ -97,48 +96,58 @@ def warm() -> None:
     """Ray's worker-process set-up hook: import what a Train worker imports (torch and Ray
     Train), then join the run's spare list (a process that becomes a worker leaves it at
     once); an idle one goes on to import what a worker of the run imported
-    (:func:`record_modules`)."""
+    (:func:`record_modules`). Never raises: a spare that cannot be had is only a slower
+    replacement."""
     import ray.train.torch  # noqa: F401
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    directory = os.environ.get(SPARE_DIR_ENV)
-    if directory:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        with open(os.path.join(directory, str(os.getpid())), "w"):
-            pass
-        threading.Thread(target=_outlive_no_run, args=(directory,), name="rayguard-spare",
+    value = os.environ.get(SPARE_DIR_ENV)
+    try:
+        fd = open_private(value, create=True)
+        if fd is None:
+            return
+        try:
+            spare_dir.create(fd, str(os.getpid()))
+        finally:
+            os.close(fd)
+        threading.Thread(target=_outlive_no_run, args=(value,), name="rayguard-spare",
                          daemon=True).start()
+    except Exception as exc:  # noqa: BLE001 - Ray's set-up hook must not fail the worker
+        spare_dir.spare_off(f"its folder could not be set up ({exc})")
 
 
-def _outlive_no_run(directory: str) -> None:
+def _outlive_no_run(value: str) -> None:
     """While this process runs no actor (a spare), it imports what the run's workers
     imported (:func:`record_modules`; first ``FIRST_S`` after its start, then whenever the
-    list changes), and ends itself once its run is over on this node: the directory gone
+    list changes), and ends itself once its run is over on this node: the folder gone
     (:func:`release_spares`), or not touched by a live worker for ``ORPHAN_S`` (the run
     failed, or its driver went). A process that Ray gives an actor at once (a new worker)
     imports nothing here."""
-    modules = os.path.join(directory, MODULES_FILE)
     seen, wait_s = None, FIRST_S
     while not _claimed.is_set():
         time.sleep(wait_s)
         wait_s = POLL_S
         if _claimed.is_set() or not _idle():
             return
-        if (now := _mtime(modules)) != seen:  # a worker imported more: so does the spare
-            seen = now
-            _import_list(directory)
-        try:
-            idle = time.time() - os.stat(directory).st_mtime
-        except OSError:
-            idle = float("inf")
-        if idle > ORPHAN_S:
-            try:
-                os.unlink(os.path.join(directory, str(os.getpid())))
-                os.rmdir(directory)  # the last one out (fails while others are listed)
-            except OSError:
-                pass
+        fd = open_private(value)
+        if fd is None:  # released (or no longer ours): nothing to wait for
             os._exit(0)
+        try:
+            now = _mtime(fd, MODULES_FILE)
+            if now != seen:  # a worker imported more: so does the spare
+                seen = now
+                _import_list(fd)
+            idle = time.time() - os.fstat(fd).st_mtime
+            if idle > ORPHAN_S:
+                _leave(fd)
+                try:
+                    os.rmdir(spare_dir.run_folder(value) or "")  # the last one out
+                except OSError:
+                    pass
+                os._exit(0)
+        finally:
+            os.close(fd)
 
 
 _NEVER_IMPORTED = frozenset({"__main__", "__mp_main__", "pytest", "_pytest", "py", "pluggy",
@@ -146,10 +155,12 @@ _NEVER_IMPORTED = frozenset({"__main__", "__mp_main__", "pytest", "_pytest", "py
 
 
 def _importable(name: str) -> bool:
-    """A module a spare may import by name: not a script's ``__main__`` (run, not imported),
-    nor a test runner's, nor one whose import acts (opens a browser, prints)."""
+    """A module a spare may import by name: a dotted identifier, not a script's ``__main__``
+    (run, not imported), nor a test runner's, nor one whose import acts (opens a browser,
+    prints)."""
     top = name.partition(".")[0]
-    return bool(name) and top not in _NEVER_IMPORTED and not top.startswith("__")
+    return (bool(spare_dir.MODULE_NAME.fullmatch(name)) and top not in _NEVER_IMPORTED
+            and not top.startswith("__"))
 
 
 _recorded = [-1]
@@ -157,24 +168,24 @@ _recorded = [-1]
 only the lowest rank of a node does, from its set-up on)."""
 
 
-def record_modules(directory: str | None = None) -> None:
+def record_modules(value: str | None = None) -> None:
     """A worker after set-up (the lowest rank of its node): the modules its process has
-    imported, for the node's next spares (written whole, then renamed: a spare never reads
-    half of it); :func:`touch` records them again when the loop has imported more (a loop
-    that imports Transformers in its body)."""
-    import sys
-
-    directory = directory or os.environ.get(SPARE_DIR_ENV)
-    if not directory:
+    imported, for the node's next spares (written whole into a new private file, then
+    renamed: a spare never reads half of it); :func:`touch` records them again when the
+    loop has imported more (a loop that imports Transformers in its body)."""
+    value = value or os.environ.get(SPARE_DIR_ENV)
+    if not value:
         return
     _recorded[0] = len(sys.modules)
     names = sorted(n for n in list(sys.modules) if _importable(n))
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        part = os.path.join(directory, f".{MODULES_FILE}.{os.getpid()}")
-        with open(part, "w") as f:
-            f.write("\n".join(names))
-        os.replace(part, os.path.join(directory, MODULES_FILE))
+        fd = open_private(value, create=True)
+        if fd is None:
+            return
+        try:
+            spare_dir.replace(fd, MODULES_FILE, "\n".join(names).encode())
+        finally:
+            os.close(fd)
     except OSError as exc:  # best effort: the spare then imports only torch and Ray Train
         logger.debug("rayguard: the spare's module list was not written: %s", exc)
 
@@ -199,47 +210,52 @@ def _cuda_loaded() -> bool:
         return False
 
 
-def _import_list(directory: str) -> None:
+def _import_list(fd: int) -> None:
     """Import the recorded modules. If one of them made a CUDA call on import, this process
     has read the node's GPUs before Ray set its ``CUDA_VISIBLE_DEVICES``: it must never
     become a worker. It ends itself, and the run's later spares import no list
-    (:data:`CUDA_FILE`)."""
-    if os.path.exists(os.path.join(directory, CUDA_FILE)):
+    (:data:`CUDA_FILE`, only when it is this user's regular file)."""
+    if spare_dir.owned_file(fd, CUDA_FILE):
         return
     before = _cuda_loaded()
-    import_recorded(directory)
+    _import_names(fd)
     if before or not _cuda_loaded():
         return
     logger.warning("rayguard: a module the workers imported initialises CUDA when imported; "
                    "the run's spare processes import only torch and Ray Train from now on")
     try:
-        with open(os.path.join(directory, CUDA_FILE), "w"):
-            pass
+        spare_dir.create(fd, CUDA_FILE)
     except OSError:
         pass
     if _idle() and not _claimed.is_set():
         try:
-            os.unlink(os.path.join(directory, str(os.getpid())))
+            _leave(fd)
         finally:
             os._exit(0)
 
 
-def import_recorded(directory: str) -> int:
-    """Import the modules :func:`record_modules` listed (each best effort: one that fails is
-    left to the worker that needs it; none once this process is claimed or runs an actor);
-    returns how many were imported now."""
-    import importlib
-    import sys
-
+def import_recorded(value: str) -> int:
+    """Import the modules :func:`record_modules` listed in the run's folder (``value``: its
+    :data:`SPARE_DIR_ENV`); each best effort: one that fails is left to the worker that
+    needs it; none once this process is claimed or runs an actor. Returns how many were
+    imported now."""
+    fd = open_private(value)
+    if fd is None:
+        return 0
     try:
-        with open(os.path.join(directory, MODULES_FILE)) as f:
-            if os.fstat(f.fileno()).st_uid != os.getuid():  # only this user's workers list
-                return 0
-            names = f.read().split()
-    except OSError:
+        return _import_names(fd)
+    finally:
+        os.close(fd)
+
+
+def _import_names(fd: int) -> int:
+    """Import the names of the folder's list: read only when it is this user's regular file
+    (no link followed, no FIFO waited on), only dotted identifiers."""
+    data = spare_dir.read_own(fd, MODULES_FILE)
+    if data is None:
         return 0
     imported = 0
-    for name in names:
+    for name in spare_dir.module_names(data):
         if _claimed.is_set() or not _idle():
             break
         if name in sys.modules or not _importable(name):
@@ -254,37 +270,48 @@ def import_recorded(directory: str) -> int:
     return imported
 
 
-def _mtime(path: str) -> float | None:
+def _mtime(fd: int, name: str) -> float | None:
     try:
-        return os.stat(path).st_mtime
+        return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime
     except OSError:
         return None
 
 
-def touch(directory: str | None = None) -> None:
+def _leave(fd: int) -> None:
+    """This process's entry leaves the folder's list."""
+    try:
+        os.unlink(str(os.getpid()), dir_fd=fd)
+    except OSError:
+        pass
+
+
+def touch(value: str | None = None) -> None:
     """A live worker's tick: the run still holds this node's spare (and the node's recording
     rank records its modules again if it has imported more)."""
-    import sys
-
-    directory = directory or os.environ.get(SPARE_DIR_ENV)
-    if directory:
+    value = value or os.environ.get(SPARE_DIR_ENV)
+    if not value:
+        return
+    fd = open_private(value)
+    if fd is not None:
         try:
-            os.utime(directory)
+            os.utime(fd)
         except OSError:
             pass
-        if 0 <= _recorded[0] != len(sys.modules):
-            record_modules(directory)
+        finally:
+            os.close(fd)
+    if 0 <= _recorded[0] != len(sys.modules):
+        record_modules(value)
 
 
 def claim_process() -> None:
     """This process runs a Train worker: it is no spare."""
     _claimed.set()
-    directory = os.environ.get(SPARE_DIR_ENV)
-    if directory:
+    fd = open_private(os.environ.get(SPARE_DIR_ENV)) if os.environ.get(SPARE_DIR_ENV) else None
+    if fd is not None:
         try:
-            os.unlink(os.path.join(directory, str(os.getpid())))
-        except OSError:
-            pass
+            _leave(fd)
+        finally:
+            os.close(fd)
 
 
 def _is_ray_worker(pid: int) -> bool:
@@ -292,62 +319,35 @@ def _is_ray_worker(pid: int) -> bool:
     waits for work) or its command line (``default_worker.py`` while it starts)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            line = f.read()
+            line = f.read(4096)
     except OSError:
         return False
     return line.startswith(b"ray::") or b"default_worker" in line
 
 
-def idle_spares(directory: str | None = None) -> list[int]:
-    """The pids of this node's unused spares of the run (stale entries are dropped)."""
-    directory = directory or os.environ.get(SPARE_DIR_ENV)
-    if not directory or not os.path.isdir(directory):
+def idle_spares(value: str | None = None) -> list[int]:
+    """The pids of this node's unused spares of the run: entries naming a Ray worker process
+    of this user that carries the run's folder (the others, stale or planted, are dropped)."""
+    value = value or os.environ.get(SPARE_DIR_ENV)
+    fd = open_private(value) if value else None
+    if fd is None or value is None:
         return []
     alive = []
-    for name in os.listdir(directory):
-        if not name.isdigit():
-            continue
-        if _is_ray_worker(int(name)):
-            alive.append(int(name))
-        else:
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
-    return sorted(alive)
-
-
-def prestart(keep_alive_s: int = KEEP_ALIVE_S) -> bool:
-    """Ask this node's raylet for one idle worker process of this worker's own runtime
-    environment (False: it could not be asked)."""
     try:
-        import ray
-        from ray._private.grpc_utils import init_grpc_channel
-        from ray._private.utils import ProtoRuntimeEnvInfo
-        from ray.core.generated import common_pb2
-        from ray.core.generated import node_manager_pb2 as pb
-        from ray.core.generated import node_manager_pb2_grpc as pb_grpc
-        from ray.runtime_env import RuntimeEnvConfig
-
-        context = ray.get_runtime_context()
-        me = context.get_node_id()
-        node = next(n for n in ray.nodes() if n.get("NodeID") == me)
-        info = ProtoRuntimeEnvInfo(serialized_runtime_env=context.get_runtime_env_string())
-        info.runtime_env_config.CopyFrom(
-            RuntimeEnvConfig.default_config().build_proto_runtime_env_config())
-        request = pb.PrestartWorkersRequest(  # type: ignore[attr-defined]
-            language=common_pb2.PYTHON,  # type: ignore[attr-defined]
-            job_id=bytes.fromhex(context.get_job_id()),
-            runtime_env_info=info, keep_alive_duration_secs=int(keep_alive_s), num_workers=1)
-        channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
-        try:
-            pb_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=10)
-        finally:
-            channel.close()
-        return True
-    except Exception as exc:  # best effort: a replacement then starts a new process
-        logger.debug("rayguard: no spare worker process prestarted: %s", exc)
-        return False
+        for name in os.listdir(fd):
+            if not name.isdigit() or not spare_dir.owned_file(fd, name):
+                continue
+            pid = int(name)
+            if _is_ray_worker(pid) and spare_dir.is_our_spare(pid, value):
+                alive.append(pid)
+            else:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+    finally:
+        os.close(fd)
+    return sorted(alive)
 
 
 def ensure_spare() -> bool:
@@ -357,22 +357,33 @@ def ensure_spare() -> bool:
     return prestart()
 
 
-def release_spares(directory: str | None = None) -> int:
-    """End this node's unused spares of the run; returns how many."""
-    directory = directory or os.environ.get(SPARE_DIR_ENV)
+def release_spares(value: str | None = None) -> int:
+    """End this node's unused spares of the run (only Ray worker processes of this user that
+    carry the run's folder); remove the folder's entries, then the folder. Returns how
+    many were ended."""
+    value = value or os.environ.get(SPARE_DIR_ENV)
     ended = 0
-    for pid in idle_spares(directory):
+    for pid in idle_spares(value):
         try:
             os.kill(pid, signal.SIGTERM)
             ended += 1
         except OSError:
             pass
-        try:
-            os.unlink(os.path.join(str(directory), str(pid)))
-        except OSError:
-            pass
-    if directory:  # a spare still starting sees it gone and ends itself
-        shutil.rmtree(directory, ignore_errors=True)
+    fd = open_private(value) if value else None
+    if fd is None:
+        return ended
+    try:  # a spare still starting sees the folder gone and ends itself
+        for name in os.listdir(fd):
+            try:
+                os.unlink(name, dir_fd=fd)  # a link itself, never its target
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(spare_dir.run_folder(value) or "")
+    except OSError:
+        pass
     return ended
 
 

@@ -89,7 +89,8 @@ logger = logging.getLogger("rayguard")
 
 __all__ = [
     "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "FixedScalingPolicy",
-    "GuardHooksTrainer", "NoopDecision", "RoundingElasticPolicy", "ScalingPolicy",
+    "GuardHooksTrainer", "NoopDecision", "QuietRetryPolicy", "RoundingElasticPolicy",
+    "ScalingPolicy",
     "WorkerGroupCallback", "controller_env", "create_scaling_policy", "group_nodes",
     "permute_workers", "probe_nodes", "reserved_resources", "resources_per_worker",
     "set_group_label_selector",
@@ -101,6 +102,22 @@ __all__ = [
 def unwrap_worker_error(error: BaseException) -> BaseException:
     """The user's exception inside the Ray error a worker failure arrives as."""
     return getattr(error, "_base_exc", error)
+
+
+# -- the failure policy's console dump ------------------------------------------------------
+class QuietRetryPolicy(DefaultFailurePolicy):
+    """Ray's failure policy whose dump of a failure it retries (``_log_decision``: the
+    worker's whole error and traceback, about 80 console lines) shows only at
+    ``RAYGUARD_LOG_LEVEL=DEBUG``: rayguard's own lines (``worker_died``, ``restart``) say
+    what happened and the event log keeps the whole text. A decision that ends the run is
+    logged as Ray logs it. A Ray without ``_log_decision`` logs as before."""
+
+    def _log_decision(self, decision: Any, *args: Any, **kwargs: Any) -> None:
+        from rayguard.logs import log_level
+
+        if decision == FailureDecision.RETRY and log_level() > logging.DEBUG:
+            return
+        super()._log_decision(decision, *args, **kwargs)  # type: ignore[misc]
 
 
 # -- the worker list of before_init_train_context -------------------------------------------

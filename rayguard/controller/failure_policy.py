@@ -17,7 +17,7 @@ from typing import Any
 
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
-from rayguard._ray.train import DefaultFailurePolicy, FailureDecision, unwrap_worker_error
+from rayguard._ray.train import FailureDecision, QuietRetryPolicy, unwrap_worker_error
 from rayguard.events import make_event
 from rayguard.failures import FATAL_ERRORS, classify
 
@@ -36,7 +36,7 @@ def is_fatal(error: BaseException) -> bool:
     return classify(unwrap_worker_error(error)).fatal
 
 
-class GuardFailurePolicy(DefaultFailurePolicy):
+class GuardFailurePolicy(QuietRetryPolicy):
     """Runs in Ray Train's controller actor; ``coordinator`` is the run's coordinator."""
 
     def __init__(self, failure_config: Any, coordinator: Any = None,
@@ -44,17 +44,6 @@ class GuardFailurePolicy(DefaultFailurePolicy):
         super().__init__(failure_config)
         self.coordinator = coordinator
         self.crash_loop_retries = crash_loop_retries
-
-    def _log_decision(self, decision: FailureDecision, *args: Any, **kwargs: Any) -> None:
-        """Ray's dump of a failure it retries (the worker's whole error and traceback, about
-        80 lines on the console) only at ``RAYGUARD_LOG_LEVEL=DEBUG``: rayguard's own line
-        (``worker_died``, ``restart``) says what happened, and the event log keeps the
-        whole text. A decision that ends the run is logged as Ray logs it."""
-        from rayguard.logs import log_level
-
-        if decision == FailureDecision.RETRY and log_level() > logging.DEBUG:
-            return
-        super()._log_decision(decision, *args, **kwargs)
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
         if isinstance(training_failed_error, WorkerGroupError):

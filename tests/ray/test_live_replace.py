@@ -4,6 +4,8 @@ weights end bitwise equal to a run without faults (2 CPU workers, DDP on gloo)."
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -55,8 +57,25 @@ def test_killed_worker_is_replaced_alone(clean, tmp_path, victim):
 
 
 def test_exception_on_one_rank_replaces_it_alone(clean, tmp_path):
-    weights, events, entered = _fit(tmp_path, "raise", faults="raise:rank=1,step=6",
-                                    memory_tier=True)
+    """With a plain file planted where the node's spares folder goes (another user of the
+    node can do that in the shared /tmp): the spare is off, the run is not (every worker's
+    start failed in Ray's set-up hook)."""
+    from rayguard._ray.spare_dir import base_dir
+
+    planted = base_dir()
+    assert not os.path.lexists(planted) or os.path.isdir(planted)
+    moved = planted + ".moved-by-test" if os.path.lexists(planted) else None
+    if moved:
+        os.rename(planted, moved)
+    with open(planted, "w"):
+        pass
+    try:
+        weights, events, entered = _fit(tmp_path, "raise", faults="raise:rank=1,step=6",
+                                        memory_tier=True)
+    finally:
+        os.unlink(planted)
+        if moved:
+            os.rename(moved, planted)
     assert same_weights(weights, clean)
     restart = [e for e in events if e["kind"] == "restart"]
     assert [e["path"] for e in restart] == ["live"] and restart[0]["ranks"] == [1]

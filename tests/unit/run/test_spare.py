@@ -7,18 +7,43 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
-from rayguard._ray import spare
+from rayguard._ray import spare, spare_dir
+
+RUN_ID = "0123456789abcdef"
 
 
-def _fake_worker():
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """The run's spares folder value (:data:`spare.SPARE_DIR_ENV`) with this user's base in
+    ``tmp_path`` (the node's temporary directory here, for this process and the spares it
+    starts); the folder itself is ``spare_dir.run_folder(value)``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return os.path.join(spare_dir.base_dir(), RUN_ID)
+
+
+def _made(value):
+    """Make the run's folder as a worker would (private), and return it as a Path."""
+    import pathlib
+
+    fd = spare_dir.open_private(value, create=True)
+    assert fd is not None
+    os.close(fd)
+    return pathlib.Path(value)
+
+
+def _fake_worker(run=None):
     """A process whose command line reads as a Ray worker's (``default_worker``), once its
-    exec is done (until then /proc shows the parent's command line)."""
+    exec is done (until then /proc shows the parent's command line); ``run``: the spares
+    folder its environment carries (a spare of that run)."""
+    env = dict(os.environ, **({spare.SPARE_DIR_ENV: run} if run else {}))
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                             "default_worker"])
+                             "default_worker"], env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -32,49 +57,52 @@ def _fake_worker():
     raise AssertionError("the fake worker never showed its command line")
 
 
-def test_the_list_keeps_live_ray_workers_and_drops_stale_entries(tmp_path):
-    proc = _fake_worker()
+def test_the_list_keeps_live_ray_workers_and_drops_stale_entries(run):
+    folder = _made(run)
+    proc = _fake_worker(run)
     try:
-        (tmp_path / str(proc.pid)).touch()
-        (tmp_path / "999999999").touch()  # gone
-        (tmp_path / str(os.getpid())).touch()  # alive, but no Ray worker
-        assert spare.idle_spares(str(tmp_path)) == [proc.pid]
-        assert sorted(os.listdir(tmp_path)) == [str(proc.pid)]
-        assert spare.release_spares(str(tmp_path)) == 1
+        (folder / str(proc.pid)).touch()
+        (folder / "999999999").touch()  # gone
+        (folder / str(os.getpid())).touch()  # alive, but no Ray worker
+        assert spare.idle_spares(run) == [proc.pid]
+        assert sorted(os.listdir(folder)) == [str(proc.pid)]
+        assert spare.release_spares(run) == 1
         assert proc.wait(timeout=10) != 0  # ended
-        assert not tmp_path.exists()  # a spare still starting sees it gone
+        assert not folder.exists()  # a spare still starting sees it gone
     finally:
         proc.kill()
 
 
-def test_a_process_that_becomes_a_worker_leaves_the_list(tmp_path, monkeypatch):
-    monkeypatch.setenv(spare.SPARE_DIR_ENV, str(tmp_path))
-    (tmp_path / str(os.getpid())).touch()
+def test_a_process_that_becomes_a_worker_leaves_the_list(run, monkeypatch):
+    monkeypatch.setenv(spare.SPARE_DIR_ENV, run)
+    folder = _made(run)
+    (folder / str(os.getpid())).touch()
     spare.claim_process()
-    assert not (tmp_path / str(os.getpid())).exists()
+    assert not (folder / str(os.getpid())).exists()
     assert spare._claimed.is_set()
     spare._claimed.clear()
 
 
-def test_an_orphaned_spare_ends_itself(tmp_path):
-    code = (f"import os, sys; sys.argv.append('default_worker'); "
-            f"os.environ[{spare.SPARE_DIR_ENV!r}] = {str(tmp_path / 'run')!r}; "
+def test_an_orphaned_spare_ends_itself(run):
+    code = (f"import os, sys, tempfile; tempfile.tempdir = {os.path.dirname(os.path.dirname(run))!r}; "
+            f"sys.argv.append('default_worker'); os.environ[{spare.SPARE_DIR_ENV!r}] = {run!r}; "
             "from rayguard._ray import spare; spare.ORPHAN_S, spare.POLL_S = 0.5, 0.2; "
             "spare._idle = lambda: True; "  # no Ray here: it runs no actor
             "spare.warm(); import time; time.sleep(30); sys.exit(3)")
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         assert proc.wait(timeout=60) == 0  # ended itself, not after its sleep
-        assert not (tmp_path / "run").exists()  # and took its entry (the last) with it
+        assert not os.path.exists(run)  # and took its entry (the last) with it
     finally:
         proc.kill()
 
 
-def test_a_tick_keeps_the_spare(tmp_path, monkeypatch):
-    monkeypatch.setenv(spare.SPARE_DIR_ENV, str(tmp_path))
-    os.utime(tmp_path, (0, 0))
+def test_a_tick_keeps_the_spare(run, monkeypatch):
+    monkeypatch.setenv(spare.SPARE_DIR_ENV, run)
+    folder = _made(run)
+    os.utime(folder, (0, 0))
     spare.touch()
-    assert time.time() - tmp_path.stat().st_mtime < 60
+    assert time.time() - folder.stat().st_mtime < 60
 
 
 def test_no_spare_without_the_environment(monkeypatch):
@@ -114,29 +142,33 @@ def _module(tmp_path, name, body):
     return name
 
 
-def test_the_recording_rank_lists_its_modules_and_again_once_it_imports_more(tmp_path,
+def test_the_recording_rank_lists_its_modules_and_again_once_it_imports_more(tmp_path, run,
                                                                              monkeypatch):
-    monkeypatch.setenv(spare.SPARE_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(spare.SPARE_DIR_ENV, run)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(spare, "_recorded", [-1])
+    folder = __import__("pathlib").Path(run)
     spare.touch()  # not the recording rank: nothing written
-    assert not (tmp_path / "run" / spare.MODULES_FILE).exists()
+    assert not (folder / spare.MODULES_FILE).exists()
     spare.record_modules()
-    names = (tmp_path / "run" / spare.MODULES_FILE).read_text().split()
+    names = (folder / spare.MODULES_FILE).read_text().split()
     assert "rayguard._ray.spare" in names and "json" in names
     assert not any(n.partition(".")[0] in ("__main__", "pytest", "_pytest") for n in names)
-    assert [p.name for p in (tmp_path / "run").iterdir()] == [spare.MODULES_FILE]  # whole
+    assert [p.name for p in folder.iterdir()] == [spare.MODULES_FILE]  # whole
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert oct((folder / spare.MODULES_FILE).stat().st_mode & 0o777) == "0o600"
     name = _module(tmp_path, "rg_spare_later", "X = 1\n")
     __import__(name)
     try:
         spare.touch()  # the loop imported more: listed again
-        assert name in (tmp_path / "run" / spare.MODULES_FILE).read_text().split()
+        assert name in (folder / spare.MODULES_FILE).read_text().split()
     finally:
         sys.modules.pop(name, None)
 
 
 def _spare_process(tmp_path, directory, extra=""):
-    code = (f"import os, sys; sys.argv.append('default_worker'); sys.path.insert(0, {str(tmp_path)!r}); "
+    code = (f"import os, sys, tempfile; tempfile.tempdir = {str(tmp_path)!r}; "
+            f"sys.argv.append('default_worker'); sys.path.insert(0, {str(tmp_path)!r}); "
             f"os.environ[{spare.SPARE_DIR_ENV!r}] = {directory!r}; "
             "from rayguard._ray import spare; spare.POLL_S = spare.FIRST_S = 0.2; "
             "spare._idle = lambda: True; "  # no Ray here: it runs no actor
@@ -154,16 +186,15 @@ def _wait_for(path, timeout=60):
     return False
 
 
-def test_a_spare_imports_what_the_workers_imported_before_and_after_it_started(tmp_path):
+def test_a_spare_imports_what_the_workers_imported_before_and_after_it_started(tmp_path, run):
     """The list at its start (a module that fails or exits on import is skipped, the others
     still imported), and a list written while it waits."""
-    run = tmp_path / "run"
-    run.mkdir()
+    value, run = run, _made(run)
     bad = _module(tmp_path, "rg_spare_bad", "raise SystemExit(7)\n")
     first = _module(tmp_path, "rg_spare_first",
                     f"open({str(tmp_path / 'first.imported')!r}, 'w').close()\n")
     (run / spare.MODULES_FILE).write_text(f"{bad}\n__main__\n{first}\n")
-    proc = _spare_process(tmp_path, str(run))
+    proc = _spare_process(tmp_path, value)
     try:
         assert _wait_for(tmp_path / "first.imported")
         assert proc.poll() is None  # the module that exits did not end the spare
@@ -178,17 +209,18 @@ def test_a_spare_imports_what_the_workers_imported_before_and_after_it_started(t
         proc.wait()
 
 
-def test_a_claimed_process_or_one_with_an_actor_imports_nothing_more(tmp_path, monkeypatch):
-    (tmp_path / spare.MODULES_FILE).write_text("rg_spare_never\n")
+def test_a_claimed_process_or_one_with_an_actor_imports_nothing_more(tmp_path, run,
+                                                                    monkeypatch):
+    (_made(run) / spare.MODULES_FILE).write_text("rg_spare_never\n")
     _module(tmp_path, "rg_spare_never", "raise AssertionError('imported after the claim')\n")
     monkeypatch.setattr(spare, "_idle", lambda: True)
     spare._claimed.set()
     try:
-        assert spare.import_recorded(str(tmp_path)) == 0
+        assert spare.import_recorded(run) == 0
     finally:
         spare._claimed.clear()
     monkeypatch.setattr(spare, "_idle", lambda: False)  # Ray gave it an actor
-    assert spare.import_recorded(str(tmp_path)) == 0
+    assert spare.import_recorded(run) == 0
 
 
 def test_outside_a_ray_worker_no_process_counts_as_idle():
@@ -197,12 +229,12 @@ def test_outside_a_ray_worker_no_process_counts_as_idle():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_a_spare_whose_imports_touch_cuda_ends_itself_and_the_next_imports_no_list(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+def test_a_spare_whose_imports_touch_cuda_ends_itself_and_the_next_imports_no_list(tmp_path,
+                                                                                  run):
+    value, run = run, _made(run)
     cuda = _module(tmp_path, "rg_spare_cuda", "X = 1\n")  # reads as a CUDA call (see above)
     (run / spare.MODULES_FILE).write_text(f"{cuda}\n")
-    proc = _spare_process(tmp_path, str(run))
+    proc = _spare_process(tmp_path, value)
     try:
         assert proc.wait(timeout=60) == 0  # ended itself, not after its sleep
     finally:
@@ -211,7 +243,7 @@ def test_a_spare_whose_imports_touch_cuda_ends_itself_and_the_next_imports_no_li
     assert [p.name for p in run.iterdir() if p.name.isdigit()] == []  # left the list
     first = _module(tmp_path, "rg_spare_after", f"open({str(tmp_path / 'after')!r}, 'w').close()\n")
     (run / spare.MODULES_FILE).write_text(f"{first}\n")
-    proc = _spare_process(tmp_path, str(run))
+    proc = _spare_process(tmp_path, value)
     try:
         deadline = time.monotonic() + 60
         while not any(p.name.isdigit() for p in run.iterdir()):  # its hook is done
