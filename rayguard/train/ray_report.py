@@ -53,9 +53,10 @@ from rayguard.train.store import CheckpointStore
 
 logger = logging.getLogger("rayguard")
 
-STEP_KEYS = ("step", "global_step", "training_iteration")
+STEP_KEYS = ("step", "global_step", "training_iteration", "epoch", "iteration")
 """Metrics read as a report's step, first found wins (Transformers and Lightning report
-``step``; Ray Tune style loops ``training_iteration``)."""
+``step``; Ray Tune style loops ``training_iteration``; a loop written as Ray's docs write
+it, ``epoch``). Without any, a report is one past the last."""
 
 CHOSEN_KEY = "ray-chosen:{attempt}"
 LOADED_KEY = "loaded:{attempt}"

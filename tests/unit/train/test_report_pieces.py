@@ -68,3 +68,5 @@ def test_a_ray_train_report_step_is_its_step_like_metric_else_one_past_the_last(
     assert report_step({"training_iteration": 3}, 10) == 3
     assert report_step({"loss": 1.0, "step": True}, 10) == 11  # a bool is no step
     assert report_step({"loss": 1.0}, -1) == 0
+    assert report_step({"loss": 1.0, "epoch": 140}, 0) == 140  # a loop that counts epochs
+    assert report_step({"iteration": 5}, 0) == 5
