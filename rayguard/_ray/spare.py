@@ -134,17 +134,14 @@ def _outlive_no_run(value: str) -> None:
         if fd is None:  # released (or no longer ours): nothing to wait for
             os._exit(0)
         try:
-            now = _mtime(fd, MODULES_FILE)
+            now = spare_dir.mtime(fd, MODULES_FILE)
             if now != seen:  # a worker imported more: so does the spare
                 seen = now
                 _import_list(fd)
             idle = time.time() - os.fstat(fd).st_mtime
             if idle > ORPHAN_S:
-                _leave(fd)
-                try:
-                    os.rmdir(spare_dir.run_folder(value) or "")  # the last one out
-                except OSError:
-                    pass
+                spare_dir.leave(fd)
+                spare_dir.remove(value)  # the last one out (fails while others are listed)
                 os._exit(0)
         finally:
             os.close(fd)
@@ -229,7 +226,7 @@ def _import_list(fd: int) -> None:
         pass
     if _idle() and not _claimed.is_set():
         try:
-            _leave(fd)
+            spare_dir.leave(fd)
         finally:
             os._exit(0)
 
@@ -270,21 +267,6 @@ def _import_names(fd: int) -> int:
     return imported
 
 
-def _mtime(fd: int, name: str) -> float | None:
-    try:
-        return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime
-    except OSError:
-        return None
-
-
-def _leave(fd: int) -> None:
-    """This process's entry leaves the folder's list."""
-    try:
-        os.unlink(str(os.getpid()), dir_fd=fd)
-    except OSError:
-        pass
-
-
 def touch(value: str | None = None) -> None:
     """A live worker's tick: the run still holds this node's spare (and the node's recording
     rank records its modules again if it has imported more)."""
@@ -306,23 +288,12 @@ def touch(value: str | None = None) -> None:
 def claim_process() -> None:
     """This process runs a Train worker: it is no spare."""
     _claimed.set()
-    fd = open_private(os.environ.get(SPARE_DIR_ENV)) if os.environ.get(SPARE_DIR_ENV) else None
+    fd = open_private(os.environ.get(SPARE_DIR_ENV))
     if fd is not None:
         try:
-            _leave(fd)
+            spare_dir.leave(fd)
         finally:
             os.close(fd)
-
-
-def _is_ray_worker(pid: int) -> bool:
-    """Whether ``pid`` is (still) a Ray worker process: its title (``ray::IDLE`` once it
-    waits for work) or its command line (``default_worker.py`` while it starts)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            line = f.read(4096)
-    except OSError:
-        return False
-    return line.startswith(b"ray::") or b"default_worker" in line
 
 
 def idle_spares(value: str | None = None) -> list[int]:
@@ -338,7 +309,7 @@ def idle_spares(value: str | None = None) -> list[int]:
             if not name.isdigit() or not spare_dir.owned_file(fd, name):
                 continue
             pid = int(name)
-            if _is_ray_worker(pid) and spare_dir.is_our_spare(pid, value):
+            if spare_dir.is_our_spare(pid, value):
                 alive.append(pid)
             else:
                 try:
@@ -369,21 +340,7 @@ def release_spares(value: str | None = None) -> int:
             ended += 1
         except OSError:
             pass
-    fd = open_private(value) if value else None
-    if fd is None:
-        return ended
-    try:  # a spare still starting sees the folder gone and ends itself
-        for name in os.listdir(fd):
-            try:
-                os.unlink(name, dir_fd=fd)  # a link itself, never its target
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(spare_dir.run_folder(value) or "")
-    except OSError:
-        pass
+    spare_dir.remove(value, clear=True)  # a spare still starting sees it gone and ends itself
     return ended
 
 

@@ -20,6 +20,9 @@ import os
 import re
 import stat
 import tempfile
+from contextlib import suppress
+
+from rayguard.checkpoint.fsio import read_fd_bounded
 
 logger = logging.getLogger("rayguard")
 
@@ -164,18 +167,53 @@ def read_own(dir_fd: int, name: str, max_bytes: int = MAX_LIST_BYTES) -> bytes |
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > max_bytes:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             return None
-        chunks, got = [], 0
-        while got <= max_bytes:
-            piece = os.read(fd, 1 << 20)
-            if not piece:
-                break
-            chunks.append(piece)
-            got += len(piece)
-        return b"".join(chunks) if got <= max_bytes else None
+        data = read_fd_bounded(fd, max_bytes)
+        return data if len(data) <= max_bytes else None
+    except OSError:
+        return None
     finally:
         os.close(fd)
+
+
+def mtime(dir_fd: int, name: str) -> float | None:
+    """When ``name`` in the folder last changed (``None``: it is not there)."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return None
+
+
+def leave(dir_fd: int) -> None:
+    """This process's entry leaves the folder's list of spares."""
+    with suppress(OSError):
+        os.unlink(str(os.getpid()), dir_fd=dir_fd)
+
+
+def remove(value: str | None, *, clear: bool = False) -> None:
+    """Remove the run's folder, relative to its checked base (``clear``: its entries first,
+    each unlinked itself, never a link's target; else only once it is empty)."""
+    directory = run_folder(value)
+    if directory is None:
+        return
+    parent, name = os.path.split(directory)
+    with suppress(OSError):
+        base = _open_dir(parent, parent, dir_fd=None, create=False)
+        if base is None:
+            return
+        try:
+            fd = _open_dir(name, directory, dir_fd=base, create=False) if clear else None
+            if fd is not None:
+                try:
+                    for entry in os.listdir(fd):
+                        with suppress(OSError):
+                            os.unlink(entry, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            os.rmdir(name, dir_fd=base)
+        finally:
+            os.close(base)
 
 
 def module_names(data: bytes) -> list[str]:
@@ -185,12 +223,23 @@ def module_names(data: bytes) -> list[str]:
     return [line for line in lines if MODULE_NAME.fullmatch(line)]
 
 
-def is_our_spare(pid: int, value: str) -> bool:
-    """Whether process ``pid`` is this user's and carries this run's :data:`SPARE_DIR_ENV`
-    (``value``) in its environment (a pid file may name any process: it is only signalled
-    when both hold)."""
+def is_ray_worker(pid: int) -> bool:
+    """Whether ``pid`` is (still) a Ray worker process: its title (``ray::IDLE`` once it
+    waits for work) or its command line (``default_worker.py`` while it starts)."""
     try:
-        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            line = f.read(4096)
+    except OSError:
+        return False
+    return line.startswith(b"ray::") or b"default_worker" in line
+
+
+def is_our_spare(pid: int, value: str) -> bool:
+    """Whether process ``pid`` is a Ray worker of this user that carries this run's
+    :data:`SPARE_DIR_ENV` (``value``) in its environment (a pid file may name any process:
+    it is only signalled when all three hold)."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid() or not is_ray_worker(pid):
             return False
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read(MAX_LIST_BYTES)
@@ -200,5 +249,5 @@ def is_our_spare(pid: int, value: str) -> bool:
 
 
 __all__ = ["BASE_PREFIX", "MODULE_NAME", "SPARE_DIR_ENV", "base_dir", "create", "is_our_spare",
-           "module_names", "open_private", "owned_file", "read_own", "replace", "run_folder",
-           "spare_off"]
+           "is_ray_worker", "leave", "module_names", "mtime", "open_private", "owned_file",
+           "read_own", "remove", "replace", "run_folder", "spare_off"]

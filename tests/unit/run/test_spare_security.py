@@ -71,6 +71,7 @@ def test_a_base_another_user_made_is_refused_and_nothing_is_written_through_it(n
         spare.record_modules()
         spare.touch()
     assert victim.read_text() == "the victim's data\n"  # neither overwritten nor truncated
+    assert sorted(os.listdir(run)) == sorted([spare.MODULES_FILE, str(os.getpid())])
     assert sum("no warm spare on this node" in r.message for r in caplog.records) == 1
     assert "belongs to uid 65534" in caplog.text
 
@@ -85,7 +86,7 @@ def test_release_signals_only_this_runs_spares_and_deletes_nothing_outside(node)
                                   "default_worker"], env=env)  # a worker of ours, another run
     try:
         deadline = time.monotonic() + 30
-        while not spare._is_ray_worker(bystander.pid):  # its exec done: it reads as a worker
+        while not spare_dir.is_ray_worker(bystander.pid):  # its exec done: it reads as a worker
             assert time.monotonic() < deadline
             time.sleep(0.01)
         os.symlink(victim, os.path.join(value, "12345"))  # a planted pid entry: a link
@@ -146,8 +147,8 @@ def test_a_fifo_list_never_blocks_the_spare(own_run, monkeypatch):
     thread = threading.Thread(target=lambda: done.append(spare.import_recorded(value)),
                               daemon=True)
     thread.start()
-    thread.join(10)
-    assert done == [0]
+    thread.join(5)
+    assert not thread.is_alive() and done == [0]
 
 
 def test_a_list_of_another_user_or_of_odd_names_is_not_imported(own_run, monkeypatch):
@@ -163,20 +164,30 @@ def test_a_list_of_another_user_or_of_odd_names_is_not_imported(own_run, monkeyp
     assert not spare._importable("__main__") and not spare._importable("os;import")
 
 
-def test_a_planted_cuda_marker_does_not_turn_the_list_off(own_run, monkeypatch):
+@pytest.mark.parametrize("marker", ["link", "another user's file"])
+def test_a_planted_cuda_marker_does_not_turn_the_list_off(own_run, marker, monkeypatch):
     tmp_path, value = own_run
+    wanted = f"rg_listed_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{wanted}.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with open(os.path.join(value, spare.MODULES_FILE), "w") as f:
+        f.write(f"{wanted}\n")
+    cuda = os.path.join(value, spare.CUDA_FILE)
+    if marker == "link":
+        os.symlink(_victim(tmp_path), cuda)
+    else:
+        open(cuda, "w").close()
+        os.chown(cuda, OTHER, OTHER)
+    monkeypatch.setattr(spare, "_idle", lambda: True)
+    monkeypatch.setattr(spare, "_cuda_loaded", lambda: False)
     fd = spare_dir.open_private(value)
     try:
-        os.symlink(_victim(tmp_path), os.path.join(value, spare.CUDA_FILE))
-        assert not spare_dir.owned_file(fd, spare.CUDA_FILE)  # a link
-        os.unlink(os.path.join(value, spare.CUDA_FILE))
-        open(os.path.join(value, spare.CUDA_FILE), "w").close()
-        os.chown(os.path.join(value, spare.CUDA_FILE), OTHER, OTHER)
-        assert not spare_dir.owned_file(fd, spare.CUDA_FILE)  # another user's
-        os.chown(os.path.join(value, spare.CUDA_FILE), os.getuid(), os.getgid())
-        assert spare_dir.owned_file(fd, spare.CUDA_FILE)  # the run's own marker counts
+        spare._import_list(fd)  # the planted marker is no reason to import nothing
+        imported = wanted in sys.modules
     finally:
         os.close(fd)
+        sys.modules.pop(wanted, None)
+    assert imported
 
 
 # -- finding 3: anyone could stop every live run on the node ------------------------------------
