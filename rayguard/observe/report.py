@@ -218,7 +218,15 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _table(headers: list[str], rows: list[list[str]], cls: str) -> str:
+def _table(headers: list[str], rows: list[list[str]], cls: str, *,
+           none: str = "none") -> str:
+    """An HTML table; no rows: ``none`` as a paragraph (not a header over nothing); headers
+    all empty: no header row."""
+    if not rows:
+        return f'<p class="{cls} none">{html.escape(none)}</p>'
+    if not any(headers):
+        body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+        return f'<table class="{cls}"><tbody>{body}</tbody></table>'
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
@@ -232,7 +240,8 @@ def _restart_table(data: dict[str, Any]) -> str:
                      f"{r['detection_s']:.1f} s", str(r["restored_step"]), str(r["replayed_steps"]),
                      "yes" if r["fallback"] else "no"])
     return _table(["failed attempt", "cause", "at", "cost (failure to first step)", "detection",
-                   "resumed from step", "replayed steps", "fallback"], rows, "restarts")
+                   "resumed from step", "replayed steps", "fallback"], rows, "restarts",
+                  none="none: no attempt failed")
 
 
 def _fault_table(data: dict[str, Any]) -> str:
@@ -247,7 +256,8 @@ def _fault_table(data: dict[str, Any]) -> str:
             detail += f' <a class="stacks" href="{link}">{label}</a>'
         rows.append([f"{f['time']:.1f} s", str(f["attempt"]), str(f["rank"]),
                      html.escape(f["kind"]), str(f["step"]), detail])
-    return _table(["at", "attempt", "rank", "fault", "step", "detail"], rows, "faults")
+    return _table(["at", "attempt", "rank", "fault", "step", "detail"], rows, "faults",
+                  none="none: no fault, stall, NaN or rejected checkpoint")
 
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}

@@ -29,3 +29,19 @@ def test_report_without_o_writes_beside_the_log(tmp_path, monkeypatch, capsys):
     assert main(["report", str(run)]) == 0
     assert (run / REPORT_NAME).is_file() and not list(elsewhere.iterdir())
     assert str(run / REPORT_NAME) in capsys.readouterr().out
+
+
+def test_a_healthy_runs_report_says_none_and_has_no_empty_header(tmp_path):
+    from rayguard.observe.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    events = [{"kind": "start", "time": 1.0, "attempt": 0},
+              {"kind": "attempt_started", "time": 2.0, "attempt": 0, "world_size": 2},
+              {"kind": "finished", "time": 5.0, "attempt": 0}]
+    (run / "rayguard_events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    page = (tmp_path / "r.html")
+    write_report(str(run), str(page))
+    text = page.read_text()
+    assert "none: no attempt failed" in text and "none: no fault" in text
+    assert "<th></th>" not in text
