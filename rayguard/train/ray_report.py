@@ -14,8 +14,10 @@ per-worker object (through :mod:`rayguard._ray.report`), so that:
   ``nan_policy``); injected faults fire at these reports too;
 * **every checkpoint is sealed**: each reporting rank hashes its directory, the records meet
   at the run's coordinator, and the lowest reporting rank writes rayguard's manifest into its
-  directory before Ray persists it (:mod:`rayguard.checkpoint.reported`). With
-  ``checkpoint_upload_mode=ASYNC`` the hashing runs in Ray's upload thread, off the loop;
+  directory before Ray persists it (:mod:`rayguard.checkpoint.reported`). Ranks may mix upload
+  modes at one report, or report no checkpoint, as under TorchTrainer: no rank waits across
+  Ray's barrier for another (:mod:`rayguard.train.ray_seal`). When every rank with a
+  checkpoint uploads ``ASYNC``, the hashing runs in Ray's upload threads, off the loop;
 * **every report is paced**: with ``CheckpointConfig(interval=True)`` rank 0's checkpoint
   interval flag rides on the per-report agreement, so ``rayguard.train.should_checkpoint()``
   turns True at the Young/Daly interval in these loops too (the cost weighed is the report's
@@ -42,12 +44,12 @@ from typing import Any, Protocol
 from rayguard._ray.report import (
     CheckpointUploadMode,
     current_train_fn_utils,
-    default_upload,
     install_train_fn_utils,
 )
 from rayguard.run.link import RunLink
 from rayguard.train.collective import Collective
 from rayguard.train.forwarder import Forwarder
+from rayguard.train.ray_seal import ReportSealer
 from rayguard.train.steps import resolve_step
 from rayguard.train.store import CheckpointStore
 
@@ -119,6 +121,7 @@ class RayReportBridge:
         self.inner = inner
         """Ray's own ``TrainFnUtils`` of this worker."""
         self.count = 0
+        self.sealer = ReportSealer(link, self._persisted)
         self._chosen: Any = _UNSET
         self._offered: Any = _UNSET
         """After an in-place rollback of a ``ray.train.report`` loop: the checkpoint the
@@ -137,62 +140,20 @@ class RayReportBridge:
         self.count += 1
         if self.in_place:  # nothing of a NaN report is sealed or reaches Ray
             observer.agree_finite(step)
-        tag = f"ray-report{self.count}"
         directory = local_directory(checkpoint)
-        writer = False
-        if directory is None:
-            link.contribute(tag, None)
-        elif checkpoint_upload_mode == CheckpointUploadMode.NO_UPLOAD:
-            writer = self._seal(tag, directory, step, in_loop=True)
-        else:
-            checkpoint_upload_fn = self._sealing_upload(
-                tag, directory, step, checkpoint_upload_fn,
-                in_loop=checkpoint_upload_mode != CheckpointUploadMode.ASYNC)
+        prepared = self.sealer.prepare(f"ray-report{self.count}", directory,
+                                       checkpoint_upload_mode, step, checkpoint_upload_fn)
         future = self.forwarder.submit(
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
-            delete_local_checkpoint_after_upload, checkpoint_upload_fn, validation)
+            delete_local_checkpoint_after_upload, prepared.upload, validation)
         self.forwarder.wait(future, link.progress)
         if checkpoint is not None:  # Ray's get_checkpoint() has it now
             self._offered = _UNSET
-        if writer:
+        if prepared.persisted_at_report:
             self._persisted(step, checkpoint.path)
         seconds = time.perf_counter() - started
         observer.paced(checkpointed=checkpoint is not None, seconds=seconds)
         observer.observed(observed, step, seconds)
-
-    def _sealing_upload(self, tag: str, directory: str, step: int, user_upload: Any, *,
-                        in_loop: bool) -> Any:
-        def upload(checkpoint: Any, checkpoint_dir_name: str) -> Any:
-            writer = self._seal(tag, directory, step, in_loop=in_loop)
-            if user_upload is not None:
-                persisted = user_upload(checkpoint, checkpoint_dir_name)
-            else:
-                persisted = default_upload(checkpoint, checkpoint_dir_name)
-            if writer:
-                self._persisted(step, getattr(persisted, "path", None))
-            return persisted
-
-        return upload
-
-    def _seal(self, tag: str, directory: str, step: int, *, in_loop: bool) -> bool:
-        """Hash this rank's directory; the lowest reporting rank writes the manifest (True:
-        this rank did)."""
-        from rayguard.checkpoint import reported
-
-        ctx = self.link.ctx
-        rank = ctx.rank
-        record = reported.hash_directory(directory, rank)
-        records = (self.link if in_loop else self.link.quiet()).gather(tag, record)
-        writer = reported.writer_rank(records) == rank
-        if self.link.alone:  # replica groups each hold the whole state: rank 0's is sealed
-            writer = rank == 0
-        if writer:
-            reported.seal(directory, records, world_size=ctx.world_size, step=step,
-                          metadata={"attempt": ctx.attempt,
-                                    "reported_by": [r.rank for r in records if r is not None]})
-        else:
-            reported.drop_stale_manifest(directory)
-        return writer
 
     def _persisted(self, step: int, path: str | None) -> None:
         """The writer rank: the sealed checkpoint is in the run's storage (an event, counted
