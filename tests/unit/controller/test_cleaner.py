@@ -4,11 +4,12 @@ State API's answer is given."""
 
 from __future__ import annotations
 
-from ray.train.v2._internal.callbacks.placement_group_callback import (
-    PlacementGroupCleanerCallback,
-)
+import pytest
 
 from rayguard._ray.cleaner import without_blind_cleaner
+
+PlacementGroupCleanerCallback = pytest.importorskip(  # Ray 2.60's; an older Ray has none
+    "ray.train.v2._internal.callbacks.placement_group_callback").PlacementGroupCleanerCallback
 
 
 def test_the_cleaner_is_dropped_only_when_the_state_api_does_not_answer():

@@ -72,8 +72,8 @@ def test_rays_dump_of_a_retried_failure_is_left_to_debug(monkeypatch):
     from rayguard.controller.failure_policy import GuardFailurePolicy
 
     logged = []
-    monkeypatch.setattr(DefaultFailurePolicy, "_log_decision",
-                        lambda self, decision, *args: logged.append(decision))
+    monkeypatch.setattr(DefaultFailurePolicy, "_log_decision",  # absent before Ray 2.60: set
+                        lambda self, decision, *args: logged.append(decision), raising=False)
     monkeypatch.delenv("RAYGUARD_LOG_LEVEL", raising=False)
     policy = GuardFailurePolicy(FailureConfig(max_failures=3))
     policy._log_decision(FailureDecision.RETRY, None, 1, 3)
