@@ -22,10 +22,10 @@ import hashlib
 import hmac
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayguard.checkpoint.fsio import NotRegularFileError, read_bounded
 from rayguard.checkpoint.schemes import BLAKE3, SHA256
 from rayguard.constants import CHECKPOINT_KEY_FILE_ENV_VAR
 from rayguard.exceptions import CheckpointCorruptError, ConfigError
@@ -67,20 +67,16 @@ def load_key(path: str | os.PathLike[str], field_name: str = "CheckpointConfig.k
     """The key in the file at ``path``; a ConfigError naming ``field_name`` when it cannot
     be one (missing, not a regular file, too short or too long)."""
     where = os.fspath(path)
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:  # links followed (secrets are mounted through them), never a FIFO waited on
+        data = read_bounded(where, MAX_KEY_BYTES + 64, follow=True).strip()
+    except NotRegularFileError:
+        raise ConfigError(f"{field_name}={where!r}: not a regular file. Fix: point it at "
+                          "the file that holds the key") from None
     except OSError as exc:
         raise ConfigError(f"{field_name}={where!r}: cannot open the checkpoint key file "
                           f"({exc.strerror}). Fix: create it on every node (e.g. `openssl rand "
                           f"-hex 32 > {where}; chmod 600 {where}`), outside the checkpoint "
                           "storage") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"{field_name}={where!r}: not a regular file. Fix: point it at "
-                              "the file that holds the key")
-        data = os.read(fd, MAX_KEY_BYTES + 64).strip()
-    finally:
-        os.close(fd)
     if not MIN_KEY_BYTES <= len(data) <= MAX_KEY_BYTES:
         raise ConfigError(f"{field_name}={where!r}: the key is {len(data)} bytes; it must hold "
                           f"{MIN_KEY_BYTES} to {MAX_KEY_BYTES}. Fix: `openssl rand -hex 32 > "
