@@ -45,6 +45,10 @@ RAY_TRAIN_POLL_INTERVAL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CHECKPOINT_KEY_FILE_ENV_VAR = "RAYGUARD_CHECKPOINT_KEY_FILE"
 DEFAULT_CHECKPOINT_KEY_FILE = ""
 
+NODE_AGENTS_ENV_VAR = "RAYGUARD_NODE_AGENTS"
+"""Whether ranks talk to the run's coordinator through one agent per node
+(rayguard.run.agent): ``1`` always, ``0`` never; unset: from 256 ranks on."""
+
 LIVE_PG_ENV_VAR = "RAYGUARD_LIVE_PG"
 """Set by the live-recovery backend in every worker (``"<backend>,<timeout_s>"``): how a
 replacement and the survivors form their process group again (rayguard.train.live)."""
@@ -77,12 +81,14 @@ KNOWN_ENV_VARS = frozenset(
         SERIALIZERS_CUDA_ENV_VAR,
         PREEMPTION_GRACE_ENV_VAR,
         CHECKPOINT_KEY_FILE_ENV_VAR,
+        NODE_AGENTS_ENV_VAR,
     }
 )
 
 ENV_VARS_TO_PROPAGATE = frozenset({FAULTS_ENV_VAR, TOPOLOGY_ENV_VAR, LOG_LEVEL_ENV_VAR,
                                    SERIALIZERS_ENV_VAR, SERIALIZERS_CUDA_ENV_VAR,
-                                   PREEMPTION_GRACE_ENV_VAR, CHECKPOINT_KEY_FILE_ENV_VAR})
+                                   PREEMPTION_GRACE_ENV_VAR, CHECKPOINT_KEY_FILE_ENV_VAR,
+                                   NODE_AGENTS_ENV_VAR})
 
 
 def env_str(name: str, default: str) -> str:

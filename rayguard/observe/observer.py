@@ -67,16 +67,45 @@ class RunObserver:
     # -- step summaries ----------------------------------------------------------------------
     def on_summary(self, summary: dict[str, Any]) -> list[dict[str, Any]]:
         """The events one rank's summary produces (a ``steps`` event, maybe ``straggler``)."""
-        rank = int(summary.get("rank", -1))
-        attempt = int(summary.get("attempt") or 0)
-        now = float(summary.get("time") or time.time())
-        gpu_ids = tuple(summary.get("gpu_ids") or ())
+        return self.on_summaries([summary])
+
+    def on_summaries(self, batch: list[dict[str, Any]], *, merge: bool = False
+                     ) -> list[dict[str, Any]]:
+        """The events of several ranks' summaries (a node's, sent together by its agent):
+        the straggler rule judged once for the batch, a ``steps`` event per summary; with
+        ``merge``, one for the batch: its lowest rank's, naming every rank it stands for
+        (``ranks``) and their furthest step (``ranks_last_step``), so that a large run's log
+        grows with nodes, not ranks (the goodput planner reads the lowest rank's)."""
+        if not batch:
+            return []
+        now = max(float(s.get("time") or time.time()) for s in batch)
         with self._lock:
-            verdicts = self.detector.add(
-                rank=rank, attempt=attempt, time=now, intervals=int(summary.get("intervals", 0)),
-                step_time_sum_s=float(summary.get("step_time_sum_s", 0.0)),
-                node=summary.get("node"), gpu_ids=gpu_ids, first_time=summary.get("first_time"))
-            score = self.detector.scores().get(rank)
+            for summary in batch:
+                self.detector.add(
+                    rank=int(summary.get("rank", -1)), attempt=int(summary.get("attempt") or 0),
+                    time=float(summary.get("time") or now),
+                    intervals=int(summary.get("intervals", 0)),
+                    step_time_sum_s=float(summary.get("step_time_sum_s", 0.0)),
+                    node=summary.get("node"), gpu_ids=tuple(summary.get("gpu_ids") or ()),
+                    first_time=summary.get("first_time"), judge=False)
+            verdicts = self.detector.judge(now)
+            scores = self.detector.scores()
+        events = [self._steps_event(s, scores.get(int(s.get("rank", -1)))) for s in batch]
+        if merge and len(events) > 1:
+            lead = min(events, key=lambda e: e["rank"])
+            lasts = [e["last_step"] for e in events if isinstance(e.get("last_step"), int)]
+            lead["ranks"] = sorted({e["rank"] for e in events})
+            lead["ranks_last_step"] = max(lasts) if lasts else None
+            events = [lead]
+        last = batch[-1]
+        for v in verdicts:
+            events.append(make_event("straggler", describe(v), rank=v.rank, node=v.node,
+                                     step=last.get("last_step"),
+                                     attempt=int(last.get("attempt") or 0), **verdict_fields(v)))
+        return events
+
+    def _steps_event(self, summary: dict[str, Any], score: float | None) -> dict[str, Any]:
+        rank = int(summary.get("rank", -1))
         self._apply(summary_updates(rank, summary, score))
         fields = {k: v for k, v in summary.items()
                   if k not in ("rank", "node", "attempt", "time", "kind", "detail", "step")}
@@ -84,14 +113,9 @@ class RunObserver:
         detail = (f"rank {rank}: steps {summary.get('first_step')}..{summary.get('last_step')}, "
                   f"{summary.get('reports')} report(s)"
                   + (f", mean step {mean * 1e3:.2f} ms" if mean is not None else ""))
-        events = [make_event("steps", detail, rank=rank, node=summary.get("node"),
-                             step=summary.get("last_step"), attempt=attempt,
-                             straggler_score=score, **fields)]
-        for v in verdicts:
-            events.append(make_event("straggler", describe(v), rank=v.rank, node=v.node,
-                                     step=summary.get("last_step"), attempt=attempt,
-                                     **verdict_fields(v)))
-        return events
+        return make_event("steps", detail, rank=rank, node=summary.get("node"),
+                          step=summary.get("last_step"), attempt=int(summary.get("attempt") or 0),
+                          straggler_score=score, **fields)
 
     def _apply(self, updates: list[Update]) -> None:
         if not updates or self.metrics is None:

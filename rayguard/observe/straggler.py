@@ -9,7 +9,6 @@ straggler; the score is exposed continuously (a metric). A new attempt starts af
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +44,10 @@ class StragglerDetector:
 
     def add(self, *, rank: int, attempt: int, time: float, intervals: int, step_time_sum_s: float,
             node: str | None = None, gpu_ids: tuple[str, ...] = (),
-            first_time: float | None = None) -> list[StragglerVerdict]:
-        """Account one summary; returns the ranks that just became stragglers."""
+            first_time: float | None = None, judge: bool = True) -> list[StragglerVerdict]:
+        """Account one summary; returns the ranks that just became stragglers (``judge``
+        False: none, call :meth:`judge` once after a batch: O(N log N) per batch, not per
+        summary)."""
         if attempt != self.attempt:
             self.attempt, self._ranks = attempt, {}
         start = first_time if first_time is not None else time
@@ -54,8 +55,12 @@ class StragglerDetector:
         state.node, state.gpu_ids = node, tuple(gpu_ids)
         if intervals > 0:
             state.window.append((time, intervals, step_time_sum_s))
-        self._prune(time)
-        return self._judge(time)
+        return self.judge(time) if judge else []
+
+    def judge(self, now: float) -> list[StragglerVerdict]:
+        """Drop what left the window and return the ranks that just became stragglers."""
+        self._prune(now)
+        return self._judge(now)
 
     def _prune(self, now: float) -> None:
         for state in self._ranks.values():
@@ -73,13 +78,9 @@ class StragglerDetector:
     def scores(self) -> dict[int, float]:
         """Every rank's current straggler score (ranks with no peers: none)."""
         means = self.means()
-        out = {}
-        for rank, mean in means.items():
-            peers = [m for r, m in means.items() if r != rank]
-            if peers:
-                median = statistics.median(peers)
-                out[rank] = mean / median if median > 0 else 1.0
-        return out
+        medians = peer_medians(means)
+        return {rank: (means[rank] / median if median > 0 else 1.0)
+                for rank, median in medians.items()}
 
     def states(self) -> dict[int, tuple[float | None, bool, str | None]]:
         """Every rank's ``(score, flagged, node)`` now (the straggler eviction's input)."""
@@ -91,17 +92,37 @@ class StragglerDetector:
         if self.threshold is None:
             return []
         means = self.means()
+        medians = peer_medians(means)
         verdicts = []
-        for rank, score in self.scores().items():
+        for rank, peers in medians.items():
+            score = means[rank] / peers if peers > 0 else 1.0
             state = self._ranks[rank]
             observed = now - state.first_seen >= self.window_s
             if state.flagged or not observed or score < self.threshold:
                 continue
             state.flagged = True
-            peers = statistics.median([m for r, m in means.items() if r != rank])
             verdicts.append(StragglerVerdict(rank, score, means[rank], peers, self.window_s,
                                              state.node, state.gpu_ids))
         return verdicts
+
+
+def peer_medians(means: dict[int, float]) -> dict[int, float]:
+    """Each rank's median of the *other* ranks' means, for all ranks in O(N log N): one sort,
+    then each leave-one-out median read off it (ranks with no peers: none)."""
+    order = sorted(means, key=means.__getitem__)
+    values = [means[r] for r in order]
+    n = len(values)
+    if n < 2:
+        return {}
+
+    def at(k: int, i: int) -> float:  # the k-th smallest once index i is left out
+        return values[k] if k < i else values[k + 1]
+
+    out = {}
+    for i, rank in enumerate(order):
+        m = n - 1
+        out[rank] = (at(m // 2, i) if m % 2 else (at(m // 2 - 1, i) + at(m // 2, i)) / 2)
+    return out
 
 
 def describe(v: StragglerVerdict) -> str:

@@ -4,11 +4,16 @@ It holds what must survive a restart of the worker group: the attempt counter, f
 already fired, checkpoints already rejected, and the event log; and it offers the one
 collective rayguard needs outside torch.distributed (a gather keyed by tag), so that
 set-up and checkpoint commits work whatever backend (gloo, NCCL) the user's group runs.
+
+An asyncio actor: every method runs on its one event loop thread (no locks), and every wait
+(gathers, facts, the hang diagnosis, the memory tier's) is a future completed by the call
+that makes it true (:mod:`rayguard.run.waits`), never a thread per waiting rank: no cap on
+the world size, O(1) work per arrival.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from typing import Any
 
@@ -24,6 +29,7 @@ from rayguard.observe.progress import attempt_view
 from rayguard.run.diagnosis import Diagnoses, open_key, place_key
 from rayguard.run.fence import NodeFence
 from rayguard.run.memory_host import MemoryHost
+from rayguard.run.waits import MAX_WAITERS, Answers, FactBoard, GatherBoard, bounded
 
 
 class RunCoordinator(MemoryHost):
@@ -38,11 +44,10 @@ class RunCoordinator(MemoryHost):
         self._attempt = -1
         self._claims: set[str] = set()
         self._rejected: dict[str, str] = {}
-        self._store: dict[str, Any] = {}
-        self._gathers: dict[str, dict[int, Any]] = {}
-        self._gather_reads: dict[str, int] = {}
-        self._gather_calls = 0
-        self._released: set[str] = set()  # "a<attempt>:": attempts a live recovery ended
+        self._facts = FactBoard()
+        self._gathers = GatherBoard()
+        self._answers = Answers()
+        self._agents: dict[str, Any] = {}  # node -> its agent (rayguard/run/agent.py)
         self._failures: dict[int, list[FailureRecord]] = {}
         self._commits: dict[int, int] = {}
         self._progress: dict[str, Any] = {}
@@ -52,18 +57,15 @@ class RunCoordinator(MemoryHost):
         """Steps of the checkpoints this fit() committed, in commit order."""
         self._group_started: dict[int, float] = {}  # attempt -> when its group was asked for
         self._notable: list[dict[str, Any]] = []
-        self._closed = False
-        self._cond = threading.Condition()
         self._init_memory()  # the memory tier (rayguard/run/memory_host.py)
-        self._diagnoses = Diagnoses(self._cond, self._record_diagnosis,
-                                    lambda attempt, rank: self._store.get(place_key(attempt, rank)))
+        self._diagnoses = Diagnoses(self._record_diagnosis,
+                                    lambda attempt, rank: self._facts.get(place_key(attempt, rank)))
 
     # -- attempts and events -------------------------------------------------------------
     def new_attempt(self) -> int:
-        with self._cond:
-            self._attempt += 1
-            self._group_started[self._attempt] = time.time()
-            return self._attempt
+        self._attempt += 1
+        self._group_started[self._attempt] = time.time()
+        return self._attempt
 
     def attempt(self) -> int:
         return max(self._attempt, 0)
@@ -76,7 +78,7 @@ class RunCoordinator(MemoryHost):
             self._commits[attempt] = self._commits.get(attempt, 0) + 1
             if isinstance(event.get("step"), int):
                 self._commit_steps.append(event["step"])
-            self._store[LAST_COMMITTED_KEY] = event.get("path")
+            self._facts.put(LAST_COMMITTED_KEY, event.get("path"))
         if event.get("kind") == "restart":
             self._stamp_progress(event)
         if event.get("kind") not in ("restored", "start"):
@@ -103,13 +105,7 @@ class RunCoordinator(MemoryHost):
     def step_summary(self, summary: dict[str, Any]) -> None:
         """A rank's step timing since its last summary (fire-and-forget from the worker):
         logged as a ``steps`` event, exported as metrics, checked for stragglers."""
-        for event in self._observer.on_summary(summary):
-            self.record(event)
-        if self._fence.eviction is not None:
-            ranks = {r: RankScore(*s) for r, s in self._observer.detector.states().items()}
-            now = float(summary.get("time") or time.time())
-            for event in self._fence.on_scores(int(summary.get("attempt") or 0), now, ranks):
-                self.record(event)
+        self.step_summaries([summary])
 
     def notable_events(self, since: int = 0) -> list[dict[str, Any]]:
         """Events a person must see, from index ``since`` on (the driver prints them)."""
@@ -122,13 +118,11 @@ class RunCoordinator(MemoryHost):
         record = FailureRecord(rank=rank, attempt=attempt, error_type=error_type, origin=origin,
                                step=step, commits=self._commits.get(attempt, 0), summary=summary,
                                traceback=traceback[-20000:])
-        with self._cond:
-            self._failures.setdefault(attempt, []).append(record)
+        self._failures.setdefault(attempt, []).append(record)
 
     def crash_loop(self, failed_ranks: int, retries: int) -> FailureRecord | None:
         """The record proving that the current attempt repeats a failure, or None."""
-        with self._cond:
-            history = {a: list(r) for a, r in self._failures.items()}
+        history = {a: list(r) for a, r in self._failures.items()}
         return crash_loop(history, self.attempt(), failed_ranks=failed_ranks, retries=retries,
                           deaths=self._deaths())
 
@@ -136,7 +130,7 @@ class RunCoordinator(MemoryHost):
         """Attempts in which a worker was killed: by rayguard's watchdog or an injected kill
         (the worker left its cause before it went)."""
         out = set()
-        for key, value in list(self._store.items()):
+        for key, value in self._facts.items():
             if key.startswith("cause:") and is_kill_mark(value):
                 out.add(int(key.split(":")[1]))
         return out
@@ -145,10 +139,10 @@ class RunCoordinator(MemoryHost):
         """Ranks of the current attempt that rayguard's watchdog killed: ``{rank: {"bound",
         "reason"}}`` (the driver's final error names them)."""
         attempt, out = self.attempt(), {}
-        for key, value in list(self._store.items()):
+        for key, value in self._facts.items():
             parts = key.split(":")
             if parts[0] == "killed" and len(parts) == 3 and parts[1] == str(attempt):
-                cause = str(self._store.get(f"cause:{attempt}:{parts[2]}", ""))
+                cause = str(self._facts.get(f"cause:{attempt}:{parts[2]}", ""))
                 out[int(parts[2])] = {"bound": cause.rsplit(": ", 1)[-1] or "stall",
                                       "reason": str(value)}
         return out
@@ -156,7 +150,7 @@ class RunCoordinator(MemoryHost):
     def loaded_checkpoint(self, attempts: list[int]) -> str | None:
         """The checkpoint every one of ``attempts`` resumed from (``None``: they differ, or
         one started fresh)."""
-        paths = {self._store.get(f"loaded:{a}") for a in attempts}
+        paths = {self._facts.get(f"loaded:{a}") for a in attempts}
         if len(paths) != 1:
             return None
         return paths.pop()
@@ -178,8 +172,7 @@ class RunCoordinator(MemoryHost):
                              nodes_alive: int | None = None) -> list[str]:
         """Count several node failures at once (the controller: one attempt's workers);
         returns the nodes this quarantined."""
-        with self._cond:
-            events = self._fence.record(failures, nodes_alive)
+        events = self._fence.record(failures, nodes_alive)
         for event in events:
             self.record(event)
         return [e["node"] for e in events]
@@ -187,8 +180,7 @@ class RunCoordinator(MemoryHost):
     def excluded_nodes(self) -> list[str]:
         """The nodes the next worker group leaves out (re-reading the run directory's
         quarantine file: a lift takes effect here)."""
-        with self._cond:
-            nodes, events = self._fence.excluded(self.attempt())
+        nodes, events = self._fence.excluded(self.attempt())
         for event in events:
             self.record(event)
         return nodes
@@ -220,54 +212,72 @@ class RunCoordinator(MemoryHost):
         return attempt_view(self._progress, self.attempt(), list(self._commit_steps))
 
     def close(self) -> None:
-        """End of fit(): wake every waiter so the actor can be killed with no thread blocked."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        """End of fit(): every waiter gets its answer (none) before the actor is killed."""
+        self._gathers.close()
+        self._facts.close()
 
     def events_file(self) -> str:
         return str(self._log.path)
 
     # -- once-per-run facts ------------------------------------------------------------
     def claim(self, key: str) -> bool:
-        with self._cond:
-            if key in self._claims:
-                return False
-            self._claims.add(key)
-            return True
+        if key in self._claims:
+            return False
+        self._claims.add(key)
+        return True
 
     def reject_checkpoint(self, path: str, why: str) -> None:
-        with self._cond:
-            self._rejected[path] = why
+        self._rejected[path] = why
 
     def rejected_checkpoints(self) -> dict[str, str]:
         return dict(self._rejected)
 
     def put(self, key: str, value: Any) -> None:
-        self._store[key] = value
+        self._facts.put(key, value)
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self._store.get(key, default)
+        return self._facts.get(key, default)
+
+    async def wait_fact(self, key: str, timeout_s: float) -> Any:
+        """The fact ``key`` once there (at once when it is); ``None`` after ``timeout_s``:
+        a long poll, so a rank watching a fact asks once per ``timeout_s``, not per second."""
+        return await bounded(self._facts.wait(key), timeout_s)
+
+    async def wait_fact_or(self, key: str, notice: str, timeout_s: float
+                           ) -> tuple[str, Any] | None:
+        """``("fact", value)`` once ``key`` is there, ``("notice", value)`` once ``notice``
+        is (whichever first; the fact when both are), ``None`` after ``timeout_s``."""
+        fact, other = self._facts.wait(key), self._facts.wait(notice)
+        try:
+            await asyncio.wait([fact, other], timeout=timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (fact, other):
+                if not fut.done():
+                    fut.cancel()
+        if fact.done() and not fact.cancelled() and fact.result() is not None:
+            return "fact", fact.result()
+        if other.done() and not other.cancelled() and other.result() is not None:
+            return "notice", other.result()
+        return None
 
     # -- live recovery (rayguard/train/live.py) --------------------------------------------
     def open_live(self, attempt: int, ranks: list[int], detail: str) -> int:
         """Ray replaces the failed ``ranks`` of ``attempt`` alone: open the next attempt, leave
         the survivors their notice, and release every wait of ``attempt`` (its gathers can no
         longer complete). Returns the new attempt."""
-        with self._cond:
-            new = self.new_attempt()
-            notice = {"attempt": new, "ranks": sorted(ranks), "at": time.time(),
-                      "detail": detail}
-            self._store[live_key(attempt)] = self._store[opened_key(new)] = notice
-            self._released.add(f"a{attempt}:")
-            self._cond.notify_all()
-            return new
+        new = self.new_attempt()
+        notice = {"attempt": new, "ranks": sorted(ranks), "at": time.time(), "detail": detail}
+        self._facts.put(live_key(attempt), notice)
+        self._facts.put(opened_key(new), notice)
+        self._gathers.release(f"a{attempt}:")
+        return new
 
     # -- hang diagnosis (rayguard/run/diagnosis.py) ---------------------------------------
     def open_diagnosis(self, attempt: int, rank: int, world_size: int, wait_s: float) -> bool:
         """A rank's watchdog fired: open the attempt's diagnosis (``False``: already open)."""
         opened = self._diagnoses.open(attempt, rank, world_size, wait_s)
-        self._store[open_key(attempt)] = True
+        self._facts.put(open_key(attempt), True)
         return opened
 
     def _record_diagnosis(self, event: dict[str, Any]) -> None:
@@ -284,38 +294,73 @@ class RunCoordinator(MemoryHost):
     def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any]) -> None:
         self._diagnoses.answer(attempt, rank, answer)
 
-    def await_diagnosis(self, attempt: int, timeout_s: float) -> dict[str, Any] | None:
-        """The attempt's ``hang_diagnosed`` event once decided (``None``: not in time)."""
-        return self._diagnoses.wait(attempt, timeout_s)
+    def answer_diagnosis_many(self, attempt: int, answers: dict[int, dict[str, Any]]) -> None:
+        """A node's ranks' answers, sent together by its agent."""
+        for rank, answer in answers.items():
+            self._diagnoses.answer(attempt, int(rank), answer)
 
-    # -- collective ------------------------------------------------------------------------
-    def gather(self, tag: str, rank: int, world_size: int, value: Any,
-               timeout_s: float = 1800.0) -> list[Any] | None:
-        """Block until ``world_size`` ranks have called with ``tag``; return the values by
-        rank. ``None`` on timeout (a rank died: Ray restarts the group)."""
-        with self._cond:
-            self._gather_calls += 1
-            slot = self._gathers.setdefault(tag, {})
-            slot[rank] = value
-            self._cond.notify_all()
-            released = tag[:tag.find(":") + 1]
-            if not self._cond.wait_for(lambda: len(slot) >= world_size or self._closed
-                                       or released in self._released,
-                                       timeout=timeout_s) or len(slot) < world_size:
-                return None
-            values = [slot[r] for r in sorted(slot)]
-            reads = self._gather_reads.get(tag, 0) + 1
-            if reads >= world_size:  # every rank has its answer: a long run must not grow here
-                self._gathers.pop(tag, None)
-                self._gather_reads.pop(tag, None)
-            else:
-                self._gather_reads[tag] = reads
-            return values
+    async def await_diagnosis(self, attempt: int, timeout_s: float) -> dict[str, Any] | None:
+        """The attempt's ``hang_diagnosed`` event once decided (``None``: not in time)."""
+        return await self._diagnoses.wait(attempt, timeout_s)
+
+    # -- collective (rayguard/run/waits.py) ------------------------------------------------
+    async def gather(self, tag: str, rank: int, world_size: int, value: Any,
+                     timeout_s: float = 1800.0, keep: bool = False, root: int | None = None
+                     ) -> list[Any] | None:
+        """Every rank's value for ``tag`` in rank order once ``world_size`` ranks have called;
+        ``None`` on timeout or when a live recovery released the attempt (a rank died: Ray
+        replaces it or restarts the group). ``keep``: see
+        :class:`~rayguard.run.waits.GatherBoard`; ``root``: only that rank gets every value,
+        the others :func:`~rayguard.run.waits.errors_only`."""
+        return await self.gather_many(tag, world_size, {rank: value}, timeout_s, keep,
+                                      root=root)
+
+    async def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
+                          timeout_s: float = 1800.0, keep: bool = False, by_ref: bool = False,
+                          root: int | None = None) -> Any:
+        """:meth:`gather` for several ranks at once (a node's agent: one call per node): the
+        whole answer when ``root`` is None or one of ``values``, else the errors only.
+        ``by_ref``: the answer as ``[reference]``, put into the object store once for every
+        node that asks, so that it is serialized once, not once per node."""
+        result = await bounded(self._gathers.join(tag, world_size, values, keep=keep), timeout_s)
+        if result is None:
+            return None
+        return self._answers.answer(result, full=root is None or root in values, by_ref=by_ref)
+
+    # -- node agents (rayguard/run/agent.py) -----------------------------------------------
+    def node_agent(self, node: str, pin: bool = True) -> Any:
+        """The agent of ``node`` (started on first use, owned by this actor: it lives as long
+        as the run); ``pin``: on that node (False: a benchmark's simulated node)."""
+        import ray
+
+        from rayguard.run.agent import start_agent
+
+        agent = self._agents.get(node)
+        if agent is None:
+            me = ray.get_runtime_context().current_actor
+            agent = self._agents[node] = start_agent(me, me._actor_id.hex(), node, pin=pin)
+        return agent
+
+    def step_summaries(self, batch: list[dict[str, Any]]) -> None:
+        """Several ranks' summaries (a node's, sent together by its agent): the straggler
+        rule and the eviction judged once for the batch."""
+        if not batch:
+            return
+        for summary in batch:
+            self._reached(summary.get("last_step"))
+        for event in self._observer.on_summaries(batch, merge=len(batch) > 1):
+            self.record(event)
+        if self._fence.eviction is not None:
+            ranks = {r: RankScore(*s) for r, s in self._observer.detector.states().items()}
+            last = batch[-1]
+            now = float(last.get("time") or time.time())
+            for event in self._fence.on_scores(int(last.get("attempt") or 0), now, ranks):
+                self.record(event)
 
     def gather_calls(self) -> int:
-        """How many gather calls arrived (every rank's call counts): a metrics-only report
-        makes none (rayguard.train.agreement)."""
-        return self._gather_calls
+        """How many ranks' contributions arrived: a metrics-only report makes none
+        (rayguard.train.agreement)."""
+        return self._gathers.calls
 
 
 def _nodes_alive() -> int | None:
@@ -339,5 +384,5 @@ def start_coordinator(events_file: str, observe: dict[str, Any] | None = None,
 
     node_id = ray.get_runtime_context().get_node_id()
     return ray.remote(RunCoordinator).options(
-        num_cpus=0, max_concurrency=1024, label_selector={node_id_label(): node_id},
+        num_cpus=0, max_concurrency=MAX_WAITERS, label_selector={node_id_label(): node_id},
     ).remote(events_file, observe, fence)

@@ -5,15 +5,15 @@ every rank's watchdog sees it open within a second (it polls the fact
 ``diagnosis:<attempt>``) and answers with its collective state and stacks
 (:meth:`Diagnoses.answer`). The decision is made when every rank answered or when the
 answer bound (``HealthConfig.diagnosis_wait_s``) has passed since the opening, whichever
-comes first, by whichever call sees it first (:meth:`Diagnoses.wait`): the pure planner
+comes first (the last answer, or a timer on the coordinator's event loop): the pure planner
 :func:`rayguard.health.culprit.find_culprits` over the answers, one ``hang_diagnosed``
-event. No thread of its own: the opener waits in :meth:`wait`, and so does every rank whose
-own bound fires while the diagnosis is open.
+event. The opener awaits it in :meth:`Diagnoses.wait`, and so does every rank whose own
+bound fires while the diagnosis is open: one future, no thread per waiter.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ from typing import Any
 
 from rayguard.events import make_event
 from rayguard.health.culprit import Collective, GroupState, RankAnswer, find_culprits
+from rayguard.run.waits import bounded
 
 
 def open_key(attempt: int) -> str:
@@ -42,7 +43,8 @@ class _Open:
     opened: float
     answers: dict[int, dict[str, Any]] = field(default_factory=dict)
     event: dict[str, Any] | None = None
-    recorded: bool = False
+    decided: asyncio.Future[bool] | None = None
+    timer: asyncio.TimerHandle | None = None
 
 
 def _group(value: Mapping[str, Any], pg: str) -> GroupState:
@@ -64,14 +66,14 @@ def rank_answer(value: Mapping[str, Any]) -> RankAnswer:
 
 
 class Diagnoses:
-    """Every attempt's diagnosis. ``cond``: the coordinator's condition (one lock for its
-    state); ``record``: how the decided event is written; ``place``: a rank's set-up place;
-    ``clock``: injectable."""
+    """Every attempt's diagnosis, on the coordinator's event loop (call from its thread).
+    ``record``: how the decided event is written; ``place``: a rank's set-up place;
+    ``clock``: injectable. The decision is made once: by the last answer, or by a timer at
+    the answer bound; every waiter awaits the same future."""
 
-    def __init__(self, cond: threading.Condition, record: Callable[[dict[str, Any]], None],
+    def __init__(self, record: Callable[[dict[str, Any]], None],
                  place: Callable[[int, int], Any], clock: Callable[[], float] = time.monotonic
                  ) -> None:
-        self._cond = cond
         self._record = record
         self._place = place
         self._clock = clock
@@ -79,47 +81,47 @@ class Diagnoses:
 
     def open(self, attempt: int, rank: int, world_size: int, wait_s: float) -> bool:
         """Whether ``rank`` opened the attempt's diagnosis (``False``: another rank did)."""
-        with self._cond:
-            if attempt in self._open:
-                return False
-            now = self._clock()
-            self._open[attempt] = _Open(rank, world_size, now + wait_s, now)
-            return True
+        if attempt in self._open:
+            return False
+        now = self._clock()
+        loop = asyncio.get_running_loop()
+        state = self._open[attempt] = _Open(rank, world_size, now + wait_s, now,
+                                            decided=loop.create_future())
+        state.timer = loop.call_later(max(0.0, wait_s), self._decide, attempt)
+        return True
 
     def is_open(self, attempt: int) -> bool:
         return attempt in self._open
 
     def answer(self, attempt: int, rank: int, value: dict[str, Any]) -> None:
-        with self._cond:
-            state = self._open.get(attempt)
-            if state is not None and state.event is None:
-                state.answers[rank] = value
-                self._cond.notify_all()
+        state = self._open.get(attempt)
+        if state is not None and state.event is None:
+            state.answers[rank] = value
+            if len(state.answers) >= state.world_size:
+                self._decide(attempt)
 
-    def wait(self, attempt: int, timeout_s: float) -> dict[str, Any] | None:
-        """The attempt's ``hang_diagnosed`` event, deciding it when every rank answered or
-        the answer bound passed (``None``: no diagnosis open, or still none after
-        ``timeout_s``)."""
-        end = self._clock() + timeout_s
-        with self._cond:
-            state = self._open.get(attempt)
-            if state is None:
-                return None
-            while state.event is None:
-                now = self._clock()
-                if len(state.answers) >= state.world_size or now >= state.deadline:
-                    state.event = self._decide(attempt, state)
-                    self._cond.notify_all()
-                    break
-                if now >= end:
-                    return None
-                self._cond.wait(min(state.deadline, end) - now)
-            first, state.recorded = not state.recorded, True
-        if first:  # written once, outside the lock (the log has its own)
-            self._record(state.event)
-        return dict(state.event)
+    async def wait(self, attempt: int, timeout_s: float) -> dict[str, Any] | None:
+        """The attempt's ``hang_diagnosed`` event once decided (``None``: no diagnosis open,
+        or still none after ``timeout_s``)."""
+        state = self._open.get(attempt)
+        if state is None:
+            return None
+        if state.event is None:
+            await bounded(state.decided, timeout_s, shared=True)
+        return None if state.event is None else dict(state.event)
 
-    def _decide(self, attempt: int, state: _Open) -> dict[str, Any]:
+    def _decide(self, attempt: int) -> None:
+        state = self._open[attempt]
+        if state.event is not None:
+            return
+        if state.timer is not None:
+            state.timer.cancel()
+        state.event = self._event(attempt, state)
+        self._record(state.event)
+        if state.decided is not None and not state.decided.done():
+            state.decided.set_result(True)
+
+    def _event(self, attempt: int, state: _Open) -> dict[str, Any]:
         answers = {r: (rank_answer(state.answers[r]) if r in state.answers else None)
                    for r in range(state.world_size)}
         place = {r: self._place(attempt, r) for r in range(state.world_size)

@@ -16,42 +16,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from rayguard.events import make_event
 from rayguard.exceptions import PeersLostError, RayGuardError
 from rayguard.run.memory_link import MemoryCalls, NullMemoryCalls
 from rayguard.run.poll import FactPoll
+from rayguard.run.timeouts import LinkTimeouts
 
 logger = logging.getLogger("rayguard")
-
-
-@dataclass(frozen=True)
-class LinkTimeouts:
-    """How long a worker waits for the coordinator, by kind of call (s; ``None``: no end)."""
-
-    ack_s: float = 10.0
-    """A fact or event that must arrive before this worker may go (marks, failure records,
-    a waited-for event, the final metrics and step summary)."""
-    answer_s: float | None = None
-    """A question the worker cannot go on without (attempt, claim, get, rejections)."""
-    fact_s: float = 1800.0
-    """A fact another rank leaves (:meth:`RunLink.wait_for`)."""
-    memory_s: float = 120.0
-    """The memory tier's calls (a lost node answers with an error well before)."""
-    poll_s: float = 1.0
-    """How often a long wait wakes to feed the watchdog."""
-
-
-def read_attempt(actor: Any, timeouts: LinkTimeouts = LinkTimeouts()) -> int:
-    """The attempt this worker group runs (0 without a coordinator), read before the
-    context (which holds it) exists."""
-    if actor is None:
-        return 0
-    import ray
-
-    return int(ray.get(actor.attempt.remote(), timeout=timeouts.answer_s))
 
 
 class RunLink(MemoryCalls):
@@ -63,10 +36,14 @@ class RunLink(MemoryCalls):
     """Whether a coordinator answers (the memory tier needs one)."""
 
     def __init__(self, ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts(),
-                 heartbeat: Callable[[], None] | None = None, alone: bool = False) -> None:
+                 heartbeat: Callable[[], None] | None = None, alone: bool = False,
+                 agent: Any = None) -> None:
         self.ctx = ctx
         """The worker's :class:`~rayguard.train.context.GuardContext`."""
         self.actor = actor
+        self.agent = agent
+        """This node's agent (:mod:`rayguard.run.agent`): gathers, watched facts and step
+        summaries go through it (``None``: straight to the coordinator, a small run)."""
         self.timeouts = timeouts
         self._heartbeat = heartbeat
         self.alone = alone
@@ -145,18 +122,34 @@ class RunLink(MemoryCalls):
         return value if isinstance(value, int) else None
 
     def wait_for(self, key: str, timeout_s: float | None = None) -> Any:
-        """A fact another rank leaves, waited for (a wait is progress)."""
+        """A fact another rank leaves, waited for (a wait is progress); raises
+        :class:`RayGuardError` when it is not there within ``timeout_s``."""
+        timeout_s = self.timeouts.fact_s if timeout_s is None else timeout_s
+        value = self.wait_fact(key, timeout_s)
+        if value is None:
+            raise RayGuardError(f"rank {self.ctx.rank}: no answer for {key!r} in {timeout_s} s")
+        return value
+
+    def wait_fact(self, key: str, timeout_s: float) -> Any:
+        """The fact ``key`` once there, ``None`` after ``timeout_s`` (a wait is progress):
+        the coordinator answers when it appears, one question in flight."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            value = self._await(self._near.wait_fact.remote(
+                key, max(0.0, min(left, self.timeouts.hold_s))))
+            if value is not None or deadline - time.monotonic() <= 0:
+                return value
+
+    def _await(self, ref: Any) -> Any:
+        """``ref``'s value, feeding the watchdog while it waits."""
         import ray
 
-        timeout_s = self.timeouts.fact_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = ray.get(self.actor.get.remote(key))
-            if value is not None:
-                return value
+        while True:
+            ready, _ = ray.wait([ref], timeout=self.timeouts.poll_s)
+            if ready:
+                return ray.get(ref)
             self.progress()
-            time.sleep(0.05)
-        raise RayGuardError(f"rank {self.ctx.rank}: no answer for {key!r} in {timeout_s} s")
 
     def new_attempt(self) -> int:
         """Open the run's next attempt at the coordinator (an in-place rollback's)."""
@@ -171,30 +164,44 @@ class RunLink(MemoryCalls):
         return bool(ray.get(self.actor.claim.remote(key), timeout=self.timeouts.answer_s))
 
     # -- the gather ---------------------------------------------------------------------------
-    def gather(self, tag: str, value: Any) -> list[Any]:
-        """All ranks' values for ``tag`` in rank order (a tag is used once per attempt)."""
-        if self.peers == 1:
+    def gather(self, tag: str, value: Any, *, kept: bool = False,
+               timeout_s: float | None = None, root: int | None = None) -> list[Any]:
+        """All ranks' values for ``tag`` in rank order (a tag is used once per attempt).
+        ``kept``: the whole world's, even for a rank :attr:`alone`, and kept for a rank that
+        joins later in place of one (set-up facts); ``timeout_s``: the coordinator's bound;
+        ``root``: only that rank gets every value, the others the errors only
+        (:func:`rayguard.run.waits.errors_only`: a commit's records). Raises
+        :class:`PeersLostError` when it cannot complete (a peer lost, a bound)."""
+        if self.peers == 1 and not kept:
             return [value]
-        import ray
-
-        ref = self.actor.gather.remote(f"a{self.ctx.attempt}:{tag}", self.ctx.rank,
-                                       self.ctx.world_size, value)
-        while True:
-            ready, _ = ray.wait([ref], timeout=self.timeouts.poll_s)
-            if ready:
-                result = ray.get(ref)
-                if result is None:
-                    raise PeersLostError(f"rank {self.ctx.rank}: peers lost before {tag!r}")
-                return list(result)
-            self.progress()
+        bound = 1800.0 if timeout_s is None else timeout_s
+        result = self._await(self._gather_ref(tag, value, bound, kept, root))
+        if result is None:
+            raise PeersLostError(f"rank {self.ctx.rank}: peers lost before {tag!r}")
+        return list(result)
 
     def contribute(self, tag: str, value: Any) -> None:
         """Join the gather ``tag`` without waiting for its result (a rank with nothing to
         add where some peers may have something)."""
         if self.peers == 1:
             return
-        self.actor.gather.remote(f"a{self.ctx.attempt}:{tag}", self.ctx.rank,
-                                 self.ctx.world_size, value)
+        self._gather_ref(tag, value, 1800.0, False, -1)
+
+    @property
+    def _near(self) -> Any:
+        """Who a rank asks for what every rank asks at once: its node's agent, or the
+        coordinator."""
+        return self.actor if self.agent is None else self.agent
+
+    def _gather_ref(self, tag: str, value: Any, bound: float, kept: bool,
+                    root: int | None) -> Any:
+        ctx, full = self.ctx, f"a{self.ctx.attempt}:{tag}"
+        if self.agent is None:
+            return self.actor.gather.remote(full, ctx.rank, ctx.world_size, value, bound, kept,
+                                            root)
+        local = int(getattr(ctx, "local_world_size", 0) or 0)
+        return self.agent.gather.remote(full, ctx.rank, ctx.world_size, value, bound, kept,
+                                        local, root)
 
     # -- checkpoints rejected by any rank or attempt -------------------------------------------
     def rejected_checkpoints(self) -> dict[str, str]:
@@ -242,7 +249,8 @@ class RunLink(MemoryCalls):
     def send_summary(self, summary: dict[str, Any], *, wait: bool = False) -> None:
         """Step timing (see rayguard.observe.steps), fire-and-forget unless ``wait``."""
         try:
-            ref = self.actor.step_summary.remote(summary)
+            ref = (self.actor.step_summary.remote(summary) if self.agent is None or wait
+                   else self.agent.summary.remote(summary))
             if wait:
                 import ray
 
@@ -268,9 +276,12 @@ class RunLink(MemoryCalls):
         """This rank's collective state and stacks (waited for: the decision needs it)."""
         import ray
 
+        ctx = self.ctx
         try:
-            ray.get(self.actor.answer_diagnosis.remote(self.ctx.attempt, self.ctx.rank, answer),
-                    timeout=self.timeouts.ack_s)
+            ref = (self.actor.answer_diagnosis.remote(ctx.attempt, ctx.rank, answer)
+                   if self.agent is None else self.agent.answer_diagnosis.remote(
+                       ctx.attempt, ctx.rank, answer, int(getattr(ctx, "local_world_size", 0) or 0)))
+            ray.get(ref, timeout=self.timeouts.ack_s)
         except Exception as exc:
             logger.debug("rayguard: could not answer the hang diagnosis: %s", exc)
 
@@ -292,7 +303,7 @@ class RunLink(MemoryCalls):
         return self.fact_poll(open_key(self.ctx.attempt))
 
     def fact_poll(self, key: str) -> FactPoll:  # a non-blocking watch of the fact ``key``
-        return FactPoll(self.actor, key)
+        return FactPoll(self._near, key, hold_s=self.timeouts.hold_s)
 
 
 class NullLink(NullMemoryCalls, RunLink):
@@ -326,10 +337,14 @@ class NullLink(NullMemoryCalls, RunLink):
     def wait_for(self, key: str, timeout_s: float | None = None) -> Any:
         return None
 
+    def wait_fact(self, key: str, timeout_s: float) -> Any:
+        return None
+
     def claim(self, key: str) -> bool:
         return True
 
-    def gather(self, tag: str, value: Any) -> list[Any]:
+    def gather(self, tag: str, value: Any, *, kept: bool = False,
+               timeout_s: float | None = None, root: int | None = None) -> list[Any]:
         return [value]
 
     def contribute(self, tag: str, value: Any) -> None:
@@ -364,9 +379,15 @@ class NullLink(NullMemoryCalls, RunLink):
 
 
 def make_link(ctx: Any, actor: Any, *, timeouts: LinkTimeouts = LinkTimeouts(),
-              alone: bool = False) -> RunLink:
+              alone: bool = False, agents: str | None = None) -> RunLink:
     """The link of a worker: a :class:`RunLink` over ``actor``, or a :class:`NullLink` when
-    the run has no coordinator; ``alone``: see :attr:`RunLink.alone`."""
+    the run has no coordinator; ``alone``: see :attr:`RunLink.alone`; ``agents``: the
+    ``RAYGUARD_NODE_AGENTS`` setting (:func:`rayguard.run.agent.wants_agents`)."""
     if actor is None:
         return NullLink(ctx, timeouts=timeouts)
-    return RunLink(ctx, actor, timeouts=timeouts, alone=alone)
+    from rayguard.run.agent import find_agent, wants_agents
+
+    agent = None
+    if wants_agents(int(ctx.world_size), agents):
+        agent = find_agent(actor, str(ctx.node_id), timeouts.answer_s)
+    return RunLink(ctx, actor, timeouts=timeouts, alone=alone, agent=agent)

@@ -125,8 +125,11 @@ class ThreadMember:
         self.world_size = group.world_size
         self.node = group.node
 
-    def gather(self, tag: str, value: Any) -> list[Any]:
-        return self.group._gather(self.rank, tag, value)
+    def gather(self, tag: str, value: Any, root: int | None = None) -> list[Any]:
+        from rayguard.run.waits import errors_only
+
+        values = self.group._gather(self.rank, tag, value)
+        return values if root is None or root == self.rank else errors_only(values)
 
     def record(self, kind: str, detail: str, **extra: Any) -> None:
         with self.group._cond:

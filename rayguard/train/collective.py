@@ -19,8 +19,10 @@ class Collective(Protocol):
     node: str
     """Where this rank runs (for error messages)."""
 
-    def gather(self, tag: str, value: Any) -> list[Any]:
-        """Every rank's ``value`` for ``tag``, in rank order (a tag is used once per attempt)."""
+    def gather(self, tag: str, value: Any, root: int | None = None) -> list[Any]:
+        """Every rank's ``value`` for ``tag``, in rank order (a tag is used once per attempt).
+        ``root``: only that rank needs every value; the others may get the list with only
+        the errors (exceptions) in place and ``None`` elsewhere (a commit's records)."""
         ...
 
     def record(self, kind: str, detail: str, **extra: Any) -> None:
@@ -52,8 +54,8 @@ class LinkCollective:
         self.world_size = link.ctx.world_size
         self.node = str(link.ctx.node_id)
 
-    def gather(self, tag: str, value: Any) -> list[Any]:
-        return self._link.gather(tag, value)
+    def gather(self, tag: str, value: Any, root: int | None = None) -> list[Any]:
+        return self._link.gather(tag, value, root=root)
 
     def record(self, kind: str, detail: str, **extra: Any) -> None:
         self._link.record(kind, detail, **extra)

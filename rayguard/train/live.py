@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from rayguard._ray.spare import touch
 from rayguard.constants import LIVE_PG_ENV_VAR
@@ -40,17 +40,11 @@ PG_KEY = "live:pg:{attempt}"
 
 def await_notice(link: RunLink, attempt: int, wait_s: float) -> dict[str, Any] | None:
     """The coordinator's notice that ``attempt`` lost ranks (``None``: none in ``wait_s``)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            notice = link.get(live_key(attempt))
-        except Exception as exc:  # no coordinator: no live recovery
-            logger.debug("rayguard: no live-recovery notice: %s", exc)
-            return None
-        if notice is not None or time.monotonic() >= deadline:
-            return notice
-        link.progress()
-        time.sleep(0.05)
+    try:
+        return link.wait_fact(live_key(attempt), wait_s)
+    except Exception as exc:  # no coordinator: no live recovery
+        logger.debug("rayguard: no live-recovery notice: %s", exc)
+        return None
 
 
 def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | None:
@@ -82,30 +76,20 @@ class AttemptSuperseded(Exception):
         self.attempt = attempt
 
 
-def wait_for_peer(link: RunLink, key: str, wait_s: float) -> Any:
-    """A peer's set-up fact of a live attempt (``key``), waited for up to ``wait_s``. A
-    notice that this attempt lost ranks too (the replacement died in its own set-up) raises
-    :class:`AttemptSuperseded` with the next one; no fact in time raises
-    :class:`PeersLostError` (the group then restarts)."""
+def setup_lost(link: RunLink, wait_s: float | None) -> NoReturn:
+    """A live attempt's set-up gather did not complete: a notice that this attempt lost ranks
+    too (the replacement died in its own set-up) raises :class:`AttemptSuperseded` with the
+    next one; otherwise :class:`PeersLostError` (the group then restarts)."""
     ctx = link.ctx
-    deadline = time.monotonic() + wait_s
-    while True:
-        value = link.get(key)
-        if value is not None:
-            return value
-        decision = plan_rejoin(link.get(live_key(ctx.attempt)), rank=ctx.rank,
-                               attempt=ctx.attempt)
-        if decision.rejoin and decision.attempt is not None:
-            logger.warning("rayguard: rank %s: attempt %s lost rank(s) %s before they joined; "
-                           "setting up again for attempt %s", ctx.rank, ctx.attempt,
-                           list(decision.replaced), decision.attempt)
-            raise AttemptSuperseded(decision.attempt)
-        if time.monotonic() >= deadline:
-            raise PeersLostError(
-                f"rank {ctx.rank}: live recovery: no word from a peer ({key}) in {wait_s} s "
-                "(HealthConfig(live_wait_s)); the worker group restarts")
-        link.progress()
-        time.sleep(0.05)
+    decision = plan_rejoin(link.get(live_key(ctx.attempt)), rank=ctx.rank, attempt=ctx.attempt)
+    if decision.rejoin and decision.attempt is not None:
+        logger.warning("rayguard: rank %s: attempt %s lost rank(s) %s before they joined; "
+                       "setting up again for attempt %s", ctx.rank, ctx.attempt,
+                       list(decision.replaced), decision.attempt)
+        raise AttemptSuperseded(decision.attempt)
+    raise PeersLostError(
+        f"rank {ctx.rank}: live recovery: not every peer set up within {wait_s} s "
+        "(HealthConfig(live_wait_s)); the worker group restarts")
 
 
 class LiveWatch:
@@ -262,7 +246,7 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                 ranks=notice.get("ranks"), **({} if spare is None else {"spare": spare}))
 
 
-__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "wait_for_peer", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
+__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "setup_lost", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]
 
 

@@ -127,7 +127,7 @@ def save(collective: Collective, store: CheckpointStore, payload: Any, *, step: 
         collective.progress()
     elif tier is not None:  # the shard was written: keep a copy in memory
         tier.offer(final, step, payload, record)
-    records = collective.gather(f"{tag}:records", record)
+    records = collective.gather(f"{tag}:records", record, root=0)  # the others: errors only
     failures = [r for r in records if isinstance(r, BaseException)]
     if failures:
         if collective.rank == 0:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rayguard._ray.spare import claim_process
 from rayguard.config import GuardConfig
-from rayguard.constants import FAULTS_ENV_VAR, SERIALIZERS_ENV_VAR
+from rayguard.constants import FAULTS_ENV_VAR, NODE_AGENTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import PeersLostError, WorkerSetupError
 from rayguard.faults import Fault, FaultInjector, parse_faults
 from rayguard.faults.injector import announcer
@@ -26,7 +26,8 @@ from rayguard.health.hang import HangProbe, install_counting_hook
 from rayguard.health.live import LAST_COMMITTED_KEY
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
 from rayguard.health.watchdog import Watchdog
-from rayguard.run.link import RunLink, make_link, read_attempt
+from rayguard.run.link import RunLink, make_link
+from rayguard.run.timeouts import read_attempt
 from rayguard.train import ray_report
 from rayguard.train.agreement import Agreement, LocalAgreement, make_agreement
 from rayguard.train.checkpointer import Checkpointer
@@ -34,7 +35,7 @@ from rayguard.train.context import GuardContext, set_context
 from rayguard.train.elastic_setup import apply_elastic, previous_assignment
 from rayguard.train.forwarder import Forwarder
 from rayguard.train.forwarding import ReportForwarding, ray_own_report
-from rayguard.train.live import AttemptSuperseded, keep_spare, release_spare, wait_for_peer
+from rayguard.train.live import AttemptSuperseded, keep_spare, release_spare, setup_lost
 from rayguard.train.memory_tier import MemoryTier
 from rayguard.train.pacing import pacing_for
 from rayguard.train.pinning import bind_numa, pin_cuda
@@ -110,12 +111,12 @@ def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False,
     mine = {**_worker_info(ctx), "setup_start_time": started}
     if not (link.alone or by_marks):
         return link.gather("setup", mine)
-    link.mark(f"setup:{ctx.attempt}:{ctx.rank}", mine)
-    if by_marks and wait_s is not None:  # a live attempt: its replacement may fail first
-        return [mine if r == ctx.rank else wait_for_peer(link, f"setup:{ctx.attempt}:{r}", wait_s)
-                for r in range(ctx.world_size)]
-    return [mine if r == ctx.rank else link.wait_for(f"setup:{ctx.attempt}:{r}", wait_s)
-            for r in range(ctx.world_size)]
+    try:  # kept: a replacement started later gets its peers' at once
+        return link.gather("setup", mine, kept=True, timeout_s=wait_s)
+    except PeersLostError:
+        if by_marks and wait_s is not None:  # a live attempt: its replacement may fail first
+            setup_lost(link, wait_s)
+        raise
 
 
 def _preflight(ctx: GuardContext, guard: GuardConfig) -> None:
@@ -306,7 +307,8 @@ class GuardedTrainFn:
                                                      os.environ.get(FAULTS_ENV_VAR)])))
         store = _store(ctx.run_dir)
         link, watchdog, last_step, probe = start_watch(
-            make_link(ctx, self.coordinator, alone=self.replica_groups), self.guard, store,
+            make_link(ctx, self.coordinator, alone=self.replica_groups,
+                      agents=os.environ.get(NODE_AGENTS_ENV_VAR)), self.guard, store,
             live=self.live)
         watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
         hook = watch_optimizer_steps(watchdog.heartbeat)

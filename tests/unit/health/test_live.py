@@ -18,6 +18,7 @@ from rayguard.health.live import (
     plan_rejoin,
 )
 from rayguard.run.coordinator import RunCoordinator
+from rayguard.testing.coordinator import InProcessCoordinator
 from rayguard.train.forwarder import Forwarder
 
 GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -49,25 +50,24 @@ def test_live_wait_s_is_validated():
 
 
 def test_opening_a_live_recovery_releases_the_lost_attempts_waits(tmp_path):
-    c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    c = InProcessCoordinator(RunCoordinator(str(tmp_path / "events.jsonl"),
+                                            {"run": "t", "metrics": None}))
     c.new_attempt()
     out: dict[str, object] = {}
     waiter = threading.Thread(target=lambda: out.update(v=c.gather("a0:flags3", 0, 2, 1)))
     waiter.start()
     time.sleep(0.2)
     assert waiter.is_alive()  # rank 1 never comes: rank 0 waits
-    later = c.gather  # a gather of the next attempt is not released
     new = c.open_live(0, [1], "rank 1 replaced")
     waiter.join(timeout=10)
     assert not waiter.is_alive() and out["v"] is None
     assert new == 1 and c.attempt() == 1
     notice = c.get(live_key(0))
     assert notice == c.get(opened_key(1)) and notice["ranks"] == [1] and notice["attempt"] == 1
-    other: dict[str, object] = {}
-    t = threading.Thread(target=lambda: other.update(v=later("a1:flags1", 0, 2, 1, 0.3)))
-    t.start()
-    t.join(timeout=10)
-    assert other["v"] is None  # timed out (0.3 s), not released: a1 lost nothing
+    # a gather of the next attempt is not released: it times out (0.3 s)
+    assert c.gather("a1:flags1", 0, 2, 1, 0.3) is None
+    assert c.gather("a0:late", 0, 2, 1, 600.0) is None  # the lost attempt's: at once
+    c.stop()
 
 
 def test_the_last_committed_checkpoint_is_kept_for_a_live_attempt(tmp_path):
@@ -170,26 +170,20 @@ class _FactLink:
 
     def __init__(self, facts):
         self.facts = facts
-        self.polls = 0
 
     def get(self, key):
-        self.polls += 1
         return self.facts.get(key)
 
-    def progress(self):
-        pass
 
+def test_a_survivor_whose_set_up_gather_ended_moves_on_when_the_attempt_is_superseded():
+    from rayguard.train.live import AttemptSuperseded, setup_lost
 
-def test_a_survivor_waiting_for_a_replacement_moves_on_when_the_attempt_is_superseded():
-    from rayguard.train.live import AttemptSuperseded, wait_for_peer
-
-    assert wait_for_peer(_FactLink({"setup:1:1": {"rank": 1}}), "setup:1:1", 5) == {"rank": 1}
     moved = _FactLink({live_key(1): {"attempt": 2, "ranks": [1]}})
     with pytest.raises(AttemptSuperseded) as raised:
-        wait_for_peer(moved, "setup:1:1", 30)
-    assert raised.value.attempt == 2 and moved.polls == 2  # at once, not after the bound
+        setup_lost(moved, 30)
+    assert raised.value.attempt == 2
     with pytest.raises(PeersLostError, match="live_wait_s"):
-        wait_for_peer(_FactLink({}), "setup:1:1", 0.2)
+        setup_lost(_FactLink({}), 0.2)
     mine = _FactLink({live_key(1): {"attempt": 2, "ranks": [0]}})  # this rank is replaced
     with pytest.raises(PeersLostError):
-        wait_for_peer(mine, "setup:1:1", 0.2)
+        setup_lost(mine, 0.2)

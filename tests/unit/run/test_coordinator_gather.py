@@ -1,70 +1,141 @@
-"""RunCoordinator.gather, on the actor's class itself (no Ray): ranks in threads, as the
-actor's concurrent calls are (``max_concurrency``)."""
+"""The coordinator's gathers and facts (rayguard.run.waits), on the actor's class itself (no
+Ray): ranks as coroutines on one event loop, as the actor's calls are, up to 20,000 of them
+waiting at once; and from threads through the in-process coordinator."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
+import pytest
+
 from rayguard.run.coordinator import RunCoordinator
+from rayguard.run.waits import FactBoard, GatherBoard
+from rayguard.testing.coordinator import InProcessCoordinator
 
 
 def coordinator(tmp_path) -> RunCoordinator:
     return RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
 
 
-def gather_all(c: RunCoordinator, tag: str, world_size: int, values: dict[int, object],
-               timeout_s: float = 60.0) -> dict[int, object]:
-    out: dict[int, object] = {}
-
-    def call(rank: int) -> None:
-        out[rank] = c.gather(tag, rank, world_size, values[rank], timeout_s)
-
-    threads = [threading.Thread(target=call, args=(r,)) for r in values]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads)
-    return out
+async def gather_all(c: RunCoordinator, tag: str, world_size: int, values: dict[int, object],
+                     timeout_s: float = 60.0) -> dict[int, object]:
+    ranks = list(values)
+    out = await asyncio.gather(*(c.gather(tag, r, world_size, values[r], timeout_s)
+                                 for r in ranks))
+    return dict(zip(ranks, out, strict=True))
 
 
 def test_every_rank_gets_the_values_in_rank_order(tmp_path):
     c = coordinator(tmp_path)
-    out = gather_all(c, "setup", 3, {2: "c", 0: "a", 1: "b"})
+    out = asyncio.run(gather_all(c, "setup", 3, {2: "c", 0: "a", 1: "b"}))
     assert out == {0: ["a", "b", "c"], 1: ["a", "b", "c"], 2: ["a", "b", "c"]}
 
 
-def test_a_gather_is_freed_once_every_rank_has_read_it(tmp_path):
+@pytest.mark.parametrize("ranks", [1100, 20000])
+def test_any_number_of_ranks_wait_at_once(tmp_path, ranks):
+    """No thread per waiting rank: 20,000 in-process callers complete one gather, arriving
+    in a shuffled order, each counted once."""
     c = coordinator(tmp_path)
-    gather_all(c, "commit:5", 2, {0: 0, 1: 1})
-    assert c._gathers == {} and c._gather_reads == {}
-    # The same tag again is a new gather: the old values are not handed out a second time.
-    assert c.gather("commit:5", 0, 2, "new", timeout_s=0.01) is None
-    out = gather_all(c, "commit:6", 2, {0: "x", 1: "y"})
-    assert out[0] == ["x", "y"]
+    order = list(range(ranks))
+    order = order[1::2] + order[::2]
+    out = asyncio.run(gather_all(c, "a0:setup", ranks, {r: r * 10 for r in order}))
+    expected = [r * 10 for r in range(ranks)]
+    assert len(out) == ranks and all(v == expected for v in out.values())
+    assert c.gather_calls() == ranks and c._gathers.pending() == {}
 
 
-def test_a_gather_is_kept_until_the_last_rank_has_read_it(tmp_path):
+def test_a_node_brings_its_ranks_at_once_and_each_is_counted_once(tmp_path):
     c = coordinator(tmp_path)
-    c._gathers["t"] = {0: "a", 1: "b"}  # both ranks arrived; neither has read yet
-    assert c.gather("t", 0, 2, "a", timeout_s=0.01) == ["a", "b"]
-    assert c._gathers["t"] == {0: "a", 1: "b"} and c._gather_reads == {"t": 1}
-    assert c.gather("t", 1, 2, "b", timeout_s=0.01) == ["a", "b"]
-    assert "t" not in c._gathers and "t" not in c._gather_reads
+
+    async def run() -> list[object]:
+        nodes = [{r: f"v{r}" for r in range(n * 4, n * 4 + 4)} for n in range(3)]
+        return await asyncio.gather(*(c.gather_many("a0:commit", 12, node) for node in nodes))
+
+    results = asyncio.run(run())
+    assert results == [[f"v{r}" for r in range(12)]] * 3
+
+
+def test_a_completed_gather_is_forgotten_so_the_tag_again_is_new(tmp_path):
+    c = coordinator(tmp_path)
+
+    async def run() -> None:
+        await gather_all(c, "commit:5", 2, {0: 0, 1: 1})
+        assert c._gathers.pending() == {}
+        # the same tag again is a new gather: the old values are not handed out a second time
+        assert await c.gather("commit:5", 0, 2, "new", timeout_s=0.01) is None
+        out = await gather_all(c, "commit:6", 2, {0: "x", 1: "y"})
+        assert out[0] == ["x", "y"]
+
+    asyncio.run(run())
+
+
+def test_a_kept_gather_answers_a_later_replacement_with_its_new_value(tmp_path):
+    c = coordinator(tmp_path)
+
+    async def run() -> None:
+        first = await asyncio.gather(*(c.gather("a0:setup", r, 3, f"r{r}", 5.0, True)
+                                       for r in range(3)))
+        assert first[0] == ["r0", "r1", "r2"]
+        # rank 1 replaced in the same attempt: its peers' set-up facts come back at once
+        assert await c.gather("a0:setup", 1, 3, "r1-new", 0.01, True) == ["r0", "r1-new", "r2"]
+
+    asyncio.run(run())
 
 
 def test_a_missing_rank_times_out_with_none(tmp_path):
     c = coordinator(tmp_path)
-    assert c.gather("t", 0, 2, "a", timeout_s=0.01) is None
+    assert asyncio.run(c.gather("t", 0, 2, "a", timeout_s=0.01)) is None
 
 
-def test_close_wakes_a_waiting_rank_with_none(tmp_path):
-    c = coordinator(tmp_path)
+def test_a_release_ends_only_its_attempts_gathers_now_and_later(tmp_path):
+    async def run() -> None:
+        board = GatherBoard()
+        lost, other = board.join("a0:x", 2, {0: 1}), board.join("a1:x", 2, {0: 1})
+        board.release("a0:")
+        assert await lost is None and not other.done()
+        assert await board.join("a0:y", 2, {1: 1}) is None  # a late arrival: at once
+        board.join("a1:x", 2, {1: 2})
+        assert await other == [1, 2]
+
+    asyncio.run(run())
+
+
+def test_close_wakes_a_waiting_rank_with_none_from_another_thread(tmp_path):
+    c = InProcessCoordinator(coordinator(tmp_path))
     out: list[object] = []
     waiter = threading.Thread(target=lambda: out.append(c.gather("t", 0, 2, "a", 600.0)))
     waiter.start()
-    while "t" not in c._gathers:  # the rank is in (or about to enter) its wait
+    while not c.call("gather_calls"):  # the rank is in its wait
         threading.Event().wait(0.01)
     c.close()
     waiter.join(timeout=120)
+    c.stop()
     assert not waiter.is_alive() and out == [None]
+
+
+def test_a_fact_wait_is_answered_when_the_fact_is_left(tmp_path):
+    async def run() -> None:
+        facts = FactBoard()
+        waits = [facts.wait("k") for _ in range(20000)]
+        assert not any(w.done() for w in waits)
+        facts.put("k", {"v": 1})
+        assert {id(v) for v in await asyncio.gather(*waits)} == {id(facts.get("k"))}
+        assert await facts.wait("k") == {"v": 1}  # there already: at once
+
+    asyncio.run(run())
+
+
+def test_a_long_poll_returns_none_after_its_hold_and_leaves_nothing_behind(tmp_path):
+    c = coordinator(tmp_path)
+
+    async def run() -> None:
+        for _ in range(50):
+            assert await c.wait_fact("never", 0.001) is None
+        assert len(c._facts._waiters.get("never", [])) <= 1
+        either = asyncio.ensure_future(c.wait_fact_or("setup", "notice", 5.0))
+        await asyncio.sleep(0)
+        c.put("notice", {"attempt": 2})
+        assert await either == ("notice", {"attempt": 2})
+
+    asyncio.run(run())

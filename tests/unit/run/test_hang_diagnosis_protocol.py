@@ -1,6 +1,6 @@
 """The coordinated hang diagnosis on the coordinator's class itself (no Ray): ranks in
 threads, each with a HangProbe and a StallResponder over a link that calls the coordinator
-in-process. One decision, recorded once, before any rank is killed; the answer bound names
+in-process (on its own event loop, as on the actor). One decision, recorded once, before any rank is killed; the answer bound names
 a rank that never answers; a rank alone acts as before."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from rayguard.health.stall import StallResponder
 from rayguard.run.coordinator import RunCoordinator
 from rayguard.run.diagnosis import open_key
 from rayguard.run.link import NullLink, RunLink
+from rayguard.testing.coordinator import InProcessCoordinator
 
 
 class Poll:
@@ -73,7 +74,9 @@ def events(tmp_path):
 
 
 def coordinator(tmp_path):
-    return RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    """The coordinator on an event loop of its own, called from the ranks' threads."""
+    return InProcessCoordinator(RunCoordinator(str(tmp_path / "events.jsonl"),
+                                               {"run": "t", "metrics": None}))
 
 
 def rank_parts(c, rank, world_size, kills, wait_s=5.0):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from rayguard.run.link import LinkTimeouts, NullLink, RunLink, make_link, read_attempt
+from rayguard.run.link import NullLink, RunLink, make_link
+from rayguard.run.timeouts import LinkTimeouts, read_attempt
 from rayguard.train.context import GuardContext
 
 

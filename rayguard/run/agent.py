@@ -1,0 +1,297 @@
+"""The node agent: one per node and run, the node's one line to the run's coordinator.
+
+A large run's ranks do not each talk to the coordinator for what every rank does at once:
+a rank on a node with an agent sends its gather contributions, its watched facts and its
+step summaries to the agent on its own node, and the agent talks to the coordinator once
+per node (:class:`NodeAggregator`):
+
+* a **gather**: the node's ranks' values are batched (sent when every local rank is in, or
+  ``flush_s`` after the first) into one ``gather_many`` call; the coordinator puts the
+  answer into the object store once and every node fetches it once;
+* a **fact** a rank waits for (a hang diagnosis opening, a live-recovery notice): one long
+  poll per node, its answer handed to every local rank that waits;
+* **step summaries**: sent in one call per node every ``summary_every_s``;
+* **hang-diagnosis answers**: the node's ranks' answers in one call (batched as a gather).
+
+What the coordinator receives then grows with nodes, not ranks. Everything else a rank
+says (events, failures, claims, marks) still goes straight to the coordinator: it is rare.
+
+The agent is an actor created by the coordinator (which owns it, so it lives as long as
+the run, not as any worker), pinned to its node, named so that a rank finds it through
+Ray's registry without asking the coordinator. An agent that dies (its node, or the
+process) makes every call of its ranks raise: their attempt fails into the normal
+recovery, never a silent wait. Runs of fewer than :data:`AGENT_MIN_WORLD` ranks go
+straight to the coordinator, which serves them with no agent process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rayguard.run.waits import MAX_WAITERS, bounded
+
+logger = logging.getLogger("rayguard")
+
+AGENT_MIN_WORLD = 256
+"""The world size from which ranks talk to the coordinator through their node's agent
+(``RAYGUARD_NODE_AGENTS=1``: always; ``0``: never)."""
+FLUSH_S = 0.005
+"""How long a node's gather batch waits for more local ranks after its first arrival
+(sent at once when every local rank is in)."""
+SUMMARY_EVERY_S = 1.0
+"""How often a node's step summaries go to the coordinator, in one call."""
+HOLD_S = 30.0
+"""The long poll of a watched fact (the coordinator answers at once when it appears)."""
+
+
+class Upstream(Protocol):
+    """What an aggregator asks of the run's coordinator."""
+
+    def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
+                    timeout_s: float, keep: bool, root: int | None
+                    ) -> Awaitable[list[Any] | None]: ...
+
+    def wait_fact(self, key: str, timeout_s: float) -> Awaitable[Any]: ...
+
+    def summaries(self, batch: list[dict[str, Any]]) -> None: ...
+
+    def answer_diagnosis_many(self, attempt: int,
+                              answers: dict[int, dict[str, Any]]) -> Awaitable[None]: ...
+
+
+class RayUpstream:
+    """The coordinator actor as an :class:`Upstream`: a gather's answer comes as an object
+    reference (put once by the coordinator for every node), fetched here once."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
+                          timeout_s: float, keep: bool, root: int | None) -> list[Any] | None:
+        out = await self.actor.gather_many.remote(tag, world_size, values, timeout_s, keep, True,
+                                                  root)
+        return None if out is None else await out[0]
+
+    async def wait_fact(self, key: str, timeout_s: float) -> Any:
+        return await self.actor.wait_fact.remote(key, timeout_s)
+
+    def summaries(self, batch: list[dict[str, Any]]) -> None:
+        self.actor.step_summaries.remote(batch)
+
+    async def answer_diagnosis_many(self, attempt: int,
+                                    answers: dict[int, dict[str, Any]]) -> None:
+        await self.actor.answer_diagnosis_many.remote(attempt, answers)
+
+
+@dataclass
+class _Batch:
+    world_size: int
+    timeout_s: float
+    keep: bool
+    result: asyncio.Future[Any]
+    values: dict[int, Any] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    full: bool = False
+    """Whether a rank of the batch needs every value (not only the errors)."""
+    sink: Callable[[dict[int, Any]], Any] | None = None
+    """Where the batch goes instead of the coordinator's gather (its answer: ``None``)."""
+
+
+class NodeAggregator:
+    """One node's aggregation point (the :class:`NodeAgent` actor's body, or an object in
+    a benchmark's process); call from one event loop."""
+
+    def __init__(self, upstream: Upstream, node: str, *, flush_s: float = FLUSH_S,
+                 summary_every_s: float = SUMMARY_EVERY_S, hold_s: float = HOLD_S) -> None:
+        self.upstream = upstream
+        self.node = node
+        self.flush_s = flush_s
+        self.summary_every_s = summary_every_s
+        self.hold_s = hold_s
+        self._batches: dict[str, _Batch] = {}
+        self._facts: dict[str, asyncio.Future[Any]] = {}
+        self._summaries: list[dict[str, Any]] = []
+        self._summary_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.sent = 0
+        """Calls made to the coordinator (gathers, fact polls, summary batches)."""
+
+    # -- gathers ---------------------------------------------------------------------------
+    async def gather(self, tag: str, rank: int, world_size: int, value: Any,
+                     timeout_s: float = 1800.0, keep: bool = False, local: int = 0,
+                     root: int | None = None, sink: Callable[[dict[int, Any]], Any] | None = None
+                     ) -> list[Any] | None:
+        """Every rank's value for ``tag`` (the coordinator's ``gather``, one call per node);
+        ``local``: how many ranks of this node join (0: unknown, the batch waits
+        ``flush_s``); ``root``: see the coordinator's ``gather`` (the node gets every value
+        when one of its ranks needs them). Raises what the call to the coordinator raised."""
+        loop = asyncio.get_running_loop()
+        batch = self._batches.get(tag)
+        if batch is None:
+            batch = self._batches[tag] = _Batch(int(world_size), timeout_s, keep,
+                                                loop.create_future(), sink=sink)
+            batch.timer = loop.call_later(self.flush_s, self._flush, tag)
+        batch.values[rank] = value
+        batch.full = batch.full or root is None or root == rank
+        if local and len(batch.values) >= local:
+            self._flush(tag)
+        return await bounded(batch.result, timeout_s, shared=True)
+
+    def _flush(self, tag: str) -> None:
+        batch = self._batches.pop(tag, None)
+        if batch is None:
+            return
+        if batch.timer is not None:
+            batch.timer.cancel()
+        self._spawn(self._forward(tag, batch))
+
+    async def _forward(self, tag: str, batch: _Batch) -> None:
+        self.sent += 1
+        try:
+            if batch.sink is not None:
+                result = await batch.sink(batch.values)
+            else:
+                result = await self.upstream.gather_many(tag, batch.world_size, batch.values,
+                                                         batch.timeout_s, batch.keep,
+                                                         None if batch.full else -1)
+        except Exception as exc:  # the coordinator lost: every waiting rank raises it
+            if not batch.result.done():
+                batch.result.set_exception(exc)
+            return
+        if not batch.result.done():
+            batch.result.set_result(result)
+
+    # -- facts -----------------------------------------------------------------------------
+    async def wait_fact(self, key: str, timeout_s: float) -> Any:
+        """The fact ``key`` once there (``None`` after ``timeout_s``): one long poll of the
+        coordinator per node, whatever number of local ranks wait. A fact once seen is
+        answered from here (the facts waited for are written once)."""
+        fut = self._facts.get(key)
+        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None
+                                           or fut.result() is None)):
+            fut = self._facts[key] = self._spawn(self._poll(key))
+        return await bounded(fut, timeout_s, shared=True)
+
+    async def _poll(self, key: str) -> Any:
+        self.sent += 1
+        return await self.upstream.wait_fact(key, self.hold_s)
+
+    # -- hang-diagnosis answers -------------------------------------------------------------
+    async def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any],
+                               local: int = 0) -> None:
+        """A rank's answer to the attempt's hang diagnosis, sent with its node's others
+        (when every local rank answered, or ``flush_s`` after the first); returns once sent."""
+        await self.gather(f"diagnosis-answers:{attempt}", rank, 0, answer, local=local,
+                          sink=lambda values: self.upstream.answer_diagnosis_many(attempt, values))
+
+    # -- step summaries --------------------------------------------------------------------
+    def summary(self, summary: dict[str, Any]) -> None:
+        """A rank's step summary, sent with the node's others within ``summary_every_s``."""
+        self._summaries.append(summary)
+        if self._summary_timer is None:
+            self._summary_timer = asyncio.get_running_loop().call_later(
+                self.summary_every_s, self.flush_summaries)
+
+    def flush_summaries(self) -> None:
+        self._summary_timer = None
+        batch, self._summaries = self._summaries, []
+        if batch:
+            self.sent += 1
+            try:
+                self.upstream.summaries(batch)
+            except Exception as exc:  # observing must never break the loop
+                logger.debug("rayguard: node %s: step summaries not sent: %s", self.node, exc)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+class NodeAgent:
+    """The actor body (asyncio): a :class:`NodeAggregator` over the run's coordinator."""
+
+    def __init__(self, coordinator: Any, node: str) -> None:
+        self._coordinator = coordinator
+        self._node = node
+        self._aggregator: NodeAggregator | None = None
+
+    @property
+    def _agg(self) -> NodeAggregator:
+        if self._aggregator is None:  # made on the event loop (its timers need it)
+            self._aggregator = NodeAggregator(RayUpstream(self._coordinator), self._node)
+        return self._aggregator
+
+    async def gather(self, tag: str, rank: int, world_size: int, value: Any,
+                     timeout_s: float = 1800.0, keep: bool = False, local: int = 0,
+                     root: int | None = None, sink: Callable[[dict[int, Any]], Any] | None = None
+                     ) -> list[Any] | None:
+        return await self._agg.gather(tag, rank, world_size, value, timeout_s, keep, local,
+                                      root)
+
+    async def wait_fact(self, key: str, timeout_s: float) -> Any:
+        return await self._agg.wait_fact(key, timeout_s)
+
+    async def summary(self, summary: dict[str, Any]) -> None:
+        self._agg.summary(summary)
+
+    async def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any],
+                               local: int = 0) -> None:
+        await self._agg.answer_diagnosis(attempt, rank, answer, local)
+
+    async def sent(self) -> int:
+        return self._agg.sent
+
+    def ping(self) -> bool:
+        return True
+
+
+def agent_name(coordinator_id: str, node: str) -> str:
+    """The registry name of ``node``'s agent for the run whose coordinator is
+    ``coordinator_id`` (unique per run: two runs on one cluster never share one)."""
+    return f"rayguard-agent:{coordinator_id}:{node}"
+
+
+def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool = True) -> Any:
+    """``node``'s agent (called in the coordinator, which thereby owns it); ``pin``: on that
+    node (a real node id), else anywhere (a benchmark's simulated node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": MAX_WAITERS,
+                               "name": agent_name(coordinator_id, node)}
+    if pin:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    return ray.remote(NodeAgent).options(**options).remote(coordinator, node)
+
+
+def wants_agents(world_size: int, setting: str | None) -> bool:
+    """Whether ranks of a ``world_size`` run talk through node agents (``setting``: the
+    ``RAYGUARD_NODE_AGENTS`` value, ``"1"`` always, ``"0"`` never)."""
+    if setting in ("0", "1"):
+        return setting == "1"
+    if setting:
+        logger.warning("rayguard: RAYGUARD_NODE_AGENTS=%r is neither 0 nor 1: ignored (node "
+                       "agents from %s ranks on)", setting, AGENT_MIN_WORLD)
+    return world_size >= AGENT_MIN_WORLD
+
+
+def find_agent(coordinator: Any, node: str, timeout_s: float | None = None) -> Any:
+    """This node's agent: found in Ray's registry (no call to the coordinator), or started
+    by the coordinator for the node's first rank."""
+    import ray
+
+    coordinator_id = coordinator._actor_id.hex()
+    try:
+        return ray.get_actor(agent_name(coordinator_id, node))
+    except ValueError:  # not there yet: the coordinator starts it (once per node)
+        return ray.get(coordinator.node_agent.remote(node), timeout=timeout_s)
+
+
+__all__ = ["AGENT_MIN_WORLD", "NodeAgent", "NodeAggregator", "RayUpstream", "agent_name",
+           "find_agent", "start_agent", "wants_agents"]

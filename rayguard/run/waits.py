@@ -1,0 +1,193 @@
+"""The coordinator's waits, event-driven: gathers and facts completed by the last arrival.
+
+Every wait the run's coordinator serves is an ``asyncio`` future on the actor's event loop,
+not a thread: a waiting rank (or node agent) costs a future and a list entry, so there is
+no cap on how many wait at once, and an arrival does O(1) work (the last one of a gather
+O(N): it builds the answer once and completes every waiter). Nothing here blocks or
+sleeps; the coordinator (:mod:`rayguard.run.coordinator`) and the node agents
+(:mod:`rayguard.run.agent`) await what these return, with their own timeouts.
+
+Call every method from the event loop's thread (the actor's methods run there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_WAITERS = 1 << 20
+"""The ``max_concurrency`` of the coordinator and node-agent actors: how many calls may wait
+on their event loop at once (each a coroutine, not a thread: far beyond any world size)."""
+
+
+def attempt_prefix(tag: str) -> str:
+    """The attempt part of a gather tag (``"a3:"`` of ``"a3:setup"``): what a release names."""
+    return tag[:tag.find(":") + 1]
+
+
+@dataclass
+class _Slot:
+    world_size: int
+    keep: bool
+    values: dict[int, Any] = field(default_factory=dict)
+    waiters: list[asyncio.Future[Any]] = field(default_factory=list)
+    result: list[Any] | None = None
+
+
+def _settle(waiters: list[asyncio.Future[Any]], value: Any) -> None:
+    for fut in waiters:
+        if not fut.done():  # a waiter that timed out has cancelled its own
+            fut.set_result(value)
+    waiters.clear()
+
+
+class GatherBoard:
+    """Gathers keyed by tag. :meth:`join` adds one or more ranks' values (a node agent
+    brings its node's ranks at once) and returns a future of every rank's values in rank
+    order, completed when ``world_size`` ranks have joined; ``None`` when the tag's attempt
+    was released (:meth:`release`, a live recovery ended it) or the board closed.
+
+    A gather is forgotten once complete, so a tag used again is a new gather; one joined
+    with ``keep=True`` (set-up facts a replacement started later must still find) stays,
+    answers every later arrival at once, and takes a later arrival's value in place of the
+    rank's old one."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, _Slot] = {}
+        self._released: set[str] = set()
+        self._closed = False
+        self.calls = 0
+        """Ranks' contributions received (a metrics-only report makes none)."""
+
+    def join(self, tag: str, world_size: int, values: Mapping[int, Any], *,
+             keep: bool = False) -> asyncio.Future[list[Any] | None]:
+        fut: asyncio.Future[list[Any] | None] = asyncio.get_running_loop().create_future()
+        self.calls += len(values)
+        if self._closed or attempt_prefix(tag) in self._released:
+            fut.set_result(None)
+            return fut
+        slot = self._slots.get(tag)
+        if slot is None:
+            slot = self._slots[tag] = _Slot(int(world_size), keep)
+        slot.values.update(values)
+        if slot.result is not None:  # a kept gather, complete: answer with the new values
+            slot.result = [slot.values[r] for r in sorted(slot.values)]
+            fut.set_result(slot.result)
+            return fut
+        slot.waiters.append(fut)
+        if len(slot.values) >= slot.world_size:
+            result = [slot.values[r] for r in sorted(slot.values)]
+            _settle(slot.waiters, result)
+            if slot.keep:
+                slot.result = result
+            else:
+                del self._slots[tag]
+        return fut
+
+    def release(self, prefix: str) -> None:
+        """Every gather of the attempt ``prefix`` (``"a3:"``) ends with ``None``, now and
+        for every later arrival."""
+        self._released.add(prefix)
+        for tag in [t for t in self._slots if attempt_prefix(t) == prefix]:
+            _settle(self._slots.pop(tag).waiters, None)
+
+    def close(self) -> None:
+        """The run ends: every waiter gets ``None``."""
+        self._closed = True
+        for slot in self._slots.values():
+            _settle(slot.waiters, None)
+        self._slots.clear()
+
+    def pending(self) -> dict[str, int]:
+        """``{tag: ranks joined}`` of the gathers not complete (tests, diagnostics)."""
+        return {t: len(s.values) for t, s in self._slots.items() if s.result is None}
+
+
+class FactBoard:
+    """Facts of the run by key, with waiters: :meth:`wait` is a future completed when the
+    fact is there (at once when it is). ``None`` is never a fact's value."""
+
+    def __init__(self) -> None:
+        self._facts: dict[str, Any] = {}
+        self._waiters: dict[str, set[asyncio.Future[Any]]] = {}
+
+    def put(self, key: str, value: Any) -> None:
+        if value is None:
+            self._facts.pop(key, None)
+            return
+        self._facts[key] = value
+        waiters = self._waiters.pop(key, None)
+        if waiters:
+            _settle(list(waiters), value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._facts.get(key, default)
+
+    def wait(self, key: str) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if key in self._facts:
+            fut.set_result(self._facts[key])
+        else:
+            waiters = self._waiters.setdefault(key, set())
+            waiters.add(fut)
+            fut.add_done_callback(waiters.discard)  # a long poll that timed out leaves
+        return fut
+
+    def close(self) -> None:
+        for waiters in self._waiters.values():
+            _settle(list(waiters), None)
+        self._waiters.clear()
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._facts.items())
+
+
+def errors_only(values: list[Any]) -> list[Any]:
+    """A gather's answer as a rank other than its root receives it: the errors (exceptions
+    a rank sent as its value) in place, ``None`` elsewhere: what a commit's other ranks
+    need, a fraction of the bytes of every rank's record."""
+    return [v if isinstance(v, BaseException) else None for v in values]
+
+
+class Answers:
+    """A completed gather's answers as they go out: whole, or :func:`errors_only`, and as
+    an object reference (``by_ref``: put into the object store once for every node that
+    asks, so that it is serialized once, not once per node); each made once."""
+
+    KEEP = 16
+    """Answers kept: the gathers of now (older ones were fetched already)."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, bool], tuple[list[Any], list[Any], Any]] = {}
+
+    def answer(self, result: list[Any], *, full: bool, by_ref: bool) -> Any:
+        if full and not by_ref:
+            return result
+        key = (id(result), full)
+        held = self._held.get(key)
+        if held is None or held[0] is not result:
+            answer = result if full else errors_only(result)
+            ref = None
+            if by_ref:
+                import ray
+
+                ref = ray.put(answer)
+            held = self._held[key] = (result, answer, ref)
+            while len(self._held) > self.KEEP:
+                self._held.pop(next(iter(self._held)))
+        return [held[2]] if by_ref else held[1]
+
+
+async def bounded(fut: asyncio.Future[Any], timeout_s: float | None, *,
+                  shared: bool = False) -> Any:
+    """``fut``'s result, or ``None`` after ``timeout_s``. A waiter's own future is cancelled
+    then (the board drops it); a ``shared`` one stays for the others who wait on it."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(fut) if shared else fut, timeout_s)
+    except asyncio.TimeoutError:
+        return None
+
+
+__all__ = ["MAX_WAITERS", "Answers", "FactBoard", "GatherBoard", "attempt_prefix", "bounded", "errors_only"]

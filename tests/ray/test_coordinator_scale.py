@@ -1,0 +1,65 @@
+"""The real coordinator actor past its old thread cap (1,024 waiting calls): 1,100 simulated
+ranks complete a set-up gather straight to it, and a node's ranks through a real node agent
+actor that the coordinator started (one call per node). No workers, no torch: seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    import ray
+
+    from rayguard.run.coordinator import start_coordinator
+
+    actor = start_coordinator(os.path.join(tmp_path, "events.jsonl"),
+                              observe={"run": "scale", "metrics": None})
+    ray.get(actor.new_attempt.remote())
+    yield actor
+    ray.get(actor.close.remote())
+    ray.kill(actor)
+
+
+def test_1100_ranks_complete_a_set_up_gather(coordinator):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Ranks:
+        async def gather(self, actor, ranks, world):
+            return await asyncio.gather(*(
+                actor.gather.remote("a0:setup", r, world, {"rank": r}, 120.0, True)
+                for r in ranks))
+
+    hosts = [Ranks.remote() for _ in range(2)]
+    world = 1100
+    out = ray.get([h.gather.remote(coordinator, list(range(i, world, 2)), world)
+                   for i, h in enumerate(hosts)], timeout=300)
+    expected = [{"rank": r} for r in range(world)]
+    assert all(answer == expected for part in out for answer in part)
+    assert ray.get(coordinator.gather_calls.remote()) == world
+
+
+def test_a_nodes_ranks_gather_through_its_agent_once(coordinator):
+    import ray
+
+    agents = [ray.get(coordinator.node_agent.remote(f"sim-{n}", False)) for n in range(2)]
+    # the agent is found again by name (a rank does not ask the coordinator)
+    from rayguard.run.agent import agent_name
+
+    name = agent_name(coordinator._actor_id.hex(), "sim-0")
+    assert ray.get_actor(name)._actor_id == agents[0]._actor_id
+    refs = [agents[r // 4].gather.remote("a0:commit", r, 8, f"rec{r}", 120.0, False, 4, 0)
+            for r in range(8)]
+    out = ray.get(refs, timeout=120)
+    assert out[0] == [f"rec{r}" for r in range(8)]
+    assert out[5] == [None] * 8  # another node than the root's: the errors only
+    assert ray.get([a.sent.remote() for a in agents]) == [1, 1]
+    ray.kill(agents[1])  # a lost agent: its ranks' calls raise, no silent wait
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(agents[1].gather.remote("a0:next", 4, 8, "x", 600.0, False, 4), timeout=60)

@@ -1,0 +1,28 @@
+"""The straggler rule's leave-one-out medians, read off one sort (O(N log N) for a whole run's
+ranks, where a median per rank was O(N^2)), equal the plain definition."""
+
+from __future__ import annotations
+
+import statistics
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rayguard.observe.straggler import StragglerDetector, peer_medians
+
+
+@given(st.dictionaries(st.integers(0, 10_000), st.floats(0.0, 10.0), max_size=40))
+def test_each_ranks_peer_median_is_the_median_of_the_others(means):
+    expected = {r: statistics.median([m for o, m in means.items() if o != r])
+                for r in means if len(means) > 1}
+    assert peer_medians(means) == expected
+
+
+def test_a_batch_judged_once_flags_the_slow_rank_of_16384():
+    detector = StragglerDetector(threshold=1.5, window_s=10.0)
+    for t in (0.0, 11.0):
+        for rank in range(16384):
+            detector.add(rank=rank, attempt=0, time=t, intervals=10,
+                         step_time_sum_s=2.0 if rank == 11 else 1.0, judge=False)
+    verdicts = detector.judge(11.0)
+    assert [v.rank for v in verdicts] == [11] and verdicts[0].score == 2.0
