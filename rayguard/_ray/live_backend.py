@@ -12,6 +12,12 @@ makes every worker its own replica group in Ray's eyes while the workers still f
   is set: the replacement and the survivors then form the process group again through the
   run's coordinator (:mod:`rayguard.train.live`).
 
+Whether Ray replaces the failed workers alone is not left to Ray: its controller does so
+whenever some replica group has not failed, so rayguard's controller callback
+(:class:`rayguard.controller.callbacks.RayGuardCallback`) applies
+:func:`rayguard.health.live.plan_recovery_path` at each poll and, where the plan is a
+whole-group restart (a live attempt that failed, a lost node), marks every worker failed.
+
 Relies on (Ray 2.59 and 2.60): ``ray.train.backend.Backend.has_replica_groups``, the
 controller's ``_replace_bad_workers`` path, ``ray.train.torch.config._TorchBackend`` and
 ``_set_torch_distributed_env_vars``, and

@@ -91,7 +91,8 @@ __all__ = [
     "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "FixedScalingPolicy",
     "GuardHooksTrainer", "NoopDecision", "QuietRetryPolicy", "RoundingElasticPolicy",
     "ScalingPolicy",
-    "WorkerGroupCallback", "controller_env", "create_scaling_policy", "group_nodes",
+    "WorkerGroupCallback", "controller_env", "create_scaling_policy", "fail_every_worker",
+    "group_nodes", "marked_failed",
     "permute_workers", "probe_nodes", "reserved_resources", "resources_per_worker",
     "set_group_label_selector",
     "unwrap_worker_error", "worker_slots",
@@ -142,13 +143,25 @@ def group_nodes(worker_group: Any) -> list[str]:
     return [w.metadata.node_id for w in worker_group.get_workers()]
 
 
+_MARK = "_rayguard_marked_failed"
+
+
 def fail_every_worker(worker_group_status: Any, error: BaseException) -> None:
     """Mark every worker of a poll (``after_worker_group_poll_status``; the controller acts
     on this same object) that has not failed as failed with ``error``: Ray's controller then
-    restarts the whole group instead of replacing the failed replica groups alone."""
+    restarts the whole group instead of replacing the failed replica groups alone (its
+    ``_execute_resize_decision`` replaces them alone only while some replica group has not
+    failed). ``error`` is marked (:func:`marked_failed`)."""
+    setattr(error, _MARK, True)
     for status in worker_group_status.worker_statuses.values():
         if status.error is None:
             status.error = error
+
+
+def marked_failed(error: BaseException) -> bool:
+    """Whether ``error`` is the mark :func:`fail_every_worker` left, not a worker's own
+    failure."""
+    return bool(getattr(unwrap_worker_error(error), _MARK, False))
 
 
 def group_label_selector(worker_group_context: Any) -> tuple[list[dict[str, str]] | None, int]:

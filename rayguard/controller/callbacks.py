@@ -1,6 +1,9 @@
 """Controller-side hooks (these run in Ray Train's controller actor): count attempts, write
 worker deaths and restarts into the run's event log, count each death against its node
-(:mod:`rayguard.health.quarantine`), and place each new worker group off quarantined nodes."""
+(:mod:`rayguard.health.quarantine`), place each new worker group off quarantined nodes, and
+apply the recovery path :func:`rayguard.health.live.plan_recovery_path` chooses (Ray's
+controller replaces failed replica groups alone unless every worker of the poll failed:
+where the plan is a whole-group restart, every worker is marked failed)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,15 @@ from rayguard._ray.train import (
 from rayguard.controller.fence import FenceView
 from rayguard.events import make_event
 from rayguard.failures import Failure, classify
+from rayguard.health.live import (
+    LAST_COMMITTED_KEY,
+    LIVE,
+    REPLICA_GROUP,
+    RESTART,
+    LiveAttempt,
+    RecoveryPath,
+    plan_recovery_path,
+)
 from rayguard.health.quarantine import NodeFailure, node_failure_reason
 from rayguard.placement.exclude import exclude_nodes
 
@@ -41,6 +53,9 @@ def failure_fields(failure: Failure) -> dict[str, Any]:
             "details": failure.details}
 
 
+_UNKNOWN = object()  # a coordinator that did not answer
+
+
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
     def __init__(self, coordinator: Any, quarantine: bool = False, *,
                  replica_groups: bool = False, live: bool = False) -> None:
@@ -57,7 +72,10 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._nodes: list[str] = []  # the node of each rank of the running group
         self._failed: set[int] = set()  # the ranks failed at the last poll
         self._world = 0  # the ranks the last poll saw
-        self._fallback: str | None = None  # why a live recovery restarts the whole group
+        self._plan: RecoveryPath | None = None  # the path of the last poll's failure
+        self._live: tuple[int, tuple[int, ...], Any] | None = None
+        """The live attempt this group runs: ``(attempt, replaced ranks, the last committed
+        checkpoint when it opened)``; ``None``: the group's own start."""
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         """Runs in the controller before each worker group starts: a new attempt, placed off
@@ -69,6 +87,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         quiet_controller()  # a crashed worker's shutdown traceback: rayguard's line says it
         self._attempt = ray.get(self.coordinator.new_attempt.remote())
         self._nodes = []
+        self._live = None
+        self._failed, self._plan = set(), None
         if self.fence is None:
             return
         excluded = self.fence(fresh=True)
@@ -120,9 +140,50 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
                 counted.append(NodeFailure(node, self._attempt, reason, rank, failure.reason))
         if counted:
             self._count(counted)
-        self._fallback = None
-        if self.live and self._failed and len(self._failed) < self._world:
-            self._fallback = self._node_lost(worker_group_status)
+        self._plan = self._plan_recovery(worker_group_status) if self._failed else None
+
+    @property
+    def mode(self) -> str:
+        """How a failed worker can be recovered: :data:`~rayguard.health.live.LIVE`,
+        :data:`~rayguard.health.live.REPLICA_GROUP` or :data:`~rayguard.health.live.RESTART`."""
+        if not self.replica_groups:
+            return RESTART
+        return LIVE if self.live else REPLICA_GROUP
+
+    def _plan_recovery(self, worker_group_status: Any) -> RecoveryPath:
+        """The poll's recovery path (:func:`rayguard.health.live.plan_recovery_path`),
+        applied where Ray's controller would otherwise replace workers alone: every worker
+        is marked failed, so that the whole group restarts."""
+        mode, partial = self.mode, len(self._failed) < self._world
+        live_attempt = self._live_attempt() if mode == LIVE else None
+        failed_live = live_attempt is not None and not live_attempt.settled
+        lost = self._lost_nodes() if mode == LIVE and partial and not failed_live else []
+        plan = plan_recovery_path(self._failed, self._world, mode=mode,
+                                  live_attempt=live_attempt, lost_nodes=lost)
+        if not plan.alone and partial and mode != RESTART:
+            from rayguard.exceptions import PeersLostError
+
+            fail_every_worker(worker_group_status, PeersLostError(plan.reason))
+        return plan
+
+    def _live_attempt(self) -> LiveAttempt | None:
+        """The failed attempt as a live recovery opened it (``None``: it was not one)."""
+        if self._live is None or self._live[0] != self._attempt:
+            return None
+        attempt, replaced, committed = self._live
+        now = self._committed()
+        settled = now is not _UNKNOWN and committed is not _UNKNOWN and now != committed
+        return LiveAttempt(attempt, replaced, settled=settled)
+
+    def _committed(self) -> Any:
+        """The run's last committed checkpoint (``None``: none yet; :data:`_UNKNOWN`: the
+        coordinator did not answer)."""
+        import ray
+
+        try:
+            return ray.get(self.coordinator.get.remote(LAST_COMMITTED_KEY), timeout=10)
+        except Exception:
+            return _UNKNOWN
 
     def _count(self, failures: list[NodeFailure]) -> None:
         """Count node failures before the failure decision, so that the next group's
@@ -139,26 +200,27 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             logging.getLogger("rayguard").warning("rayguard: node failures not counted: %s", exc)
 
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
-        """Runs in the controller when a failure was handled: RETRY means a restart."""
+        """Runs in the controller when a failure was handled: RETRY means a recovery, on the
+        path the last poll planned."""
         decision = getattr(failure_decision, "value", str(failure_decision))
         if decision != "RETRY":
             return
-        if (self.replica_groups and self._failed and len(self._failed) < self._world
-                and self._fallback is None):
-            ranks = sorted(self._failed)  # Ray's controller replaces only these
-            if self.live:
-                self._open_live(ranks)
-                return
+        plan = self._plan or plan_recovery_path((), self._world, mode=self.mode)
+        self._plan = None
+        ranks = list(plan.ranks)
+        if plan.path == LIVE:
+            self._open_live(ranks)
+        elif plan.path == REPLICA_GROUP:
             self.coordinator.record.remote(make_event(
                 "restart", f"rank(s) {ranks} replaced in attempt {self._attempt} (Ray's "
                 "replica-group restart); the other workers keep their processes",
                 attempt=self._attempt, path="replica_group", ranks=ranks))
-            return
-        fallback: dict[str, Any] = {"fallback": self._fallback} if self._fallback else {}
-        self.coordinator.record.remote(make_event(
-            "restart", f"worker group restarts after attempt {self._attempt}"
-            + (f" ({self._fallback})" if self._fallback else ""), attempt=self._attempt,
-            **fallback))
+        else:
+            fallback: dict[str, Any] = {"fallback": plan.fallback} if plan.fallback else {}
+            self.coordinator.record.remote(make_event(
+                "restart", f"worker group restarts after attempt {self._attempt}"
+                + (f" ({plan.fallback})" if plan.fallback else ""), attempt=self._attempt,
+                **fallback))
 
     def _open_live(self, ranks: list[int]) -> None:
         """Live recovery: the next attempt opens before Ray starts the replacement (which
@@ -168,27 +230,20 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         old = self._attempt
         detail = (f"rank(s) {ranks} of attempt {old} replaced alone; the other workers keep "
                   "their processes and rejoin")
+        committed = self._committed()
         self._attempt = int(ray.get(self.coordinator.open_live.remote(old, ranks, detail),
                                     timeout=30))
+        self._live = (self._attempt, tuple(ranks), committed)
         self.coordinator.record.remote(make_event(
             "restart", f"{detail} in attempt {self._attempt}", attempt=old, path="live",
             ranks=ranks, next_attempt=self._attempt))
 
-    def _node_lost(self, worker_group_status: Any) -> str | None:
-        """Live recovery's fallback: when a failed rank's node is gone, Ray's replacement
-        would wait without end for the placement-group bundle on it, so every worker is
-        marked failed and the whole group restarts (placed anew). Returns why, or ``None``."""
+    def _lost_nodes(self) -> list[str]:
+        """The nodes of failed ranks that are gone (Ray's one-worker replacement would wait
+        without end for the placement-group bundle on one)."""
         try:
             alive = set(alive_node_resources())
         except Exception:
-            return None
-        lost = sorted({self._nodes[r] for r in self._failed
+            return []
+        return sorted({self._nodes[r] for r in self._failed
                        if r < len(self._nodes) and self._nodes[r] not in alive})
-        if not lost:
-            return None
-        reason = (f"live recovery falls back to a restart of the whole group: node(s) "
-                  f"{', '.join(n[:12] for n in lost)} of rank(s) {sorted(self._failed)} lost")
-        from rayguard.exceptions import PeersLostError
-
-        fail_every_worker(worker_group_status, PeersLostError(reason))
-        return reason

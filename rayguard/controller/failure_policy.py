@@ -7,7 +7,9 @@ crash loops (the same exception from the same frame ending consecutive attempts 
 durable progress: :mod:`rayguard.health.crash_loop`). Either ends the run at once; the
 reason is left with the run's coordinator so that the driver raises the user's exception
 with rayguard's whole message. Everything else follows Ray's own budget
-(``FailureConfig(max_failures=...)``).
+(``FailureConfig(max_failures=...)``). Workers that rayguard's controller callback marked
+failed to restart the whole group (:func:`rayguard._ray.train.fail_every_worker`) are not
+counted as failures here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from typing import Any
 
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
-from rayguard._ray.train import FailureDecision, QuietRetryPolicy, unwrap_worker_error
+from rayguard._ray.train import (
+    FailureDecision,
+    QuietRetryPolicy,
+    marked_failed,
+    unwrap_worker_error,
+)
 from rayguard.events import make_event
 from rayguard.failures import FATAL_ERRORS, classify
 
@@ -47,7 +54,9 @@ class GuardFailurePolicy(QuietRetryPolicy):
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
         if isinstance(training_failed_error, WorkerGroupError):
-            failures = training_failed_error.worker_failures
+            failures = {rank: error for rank, error in
+                        training_failed_error.worker_failures.items()
+                        if not marked_failed(error)}  # not the workers marked for a restart
             classified = {rank: classify(unwrap_worker_error(e)) for rank, e in failures.items()}
             fatal = sorted(rank for rank, failure in classified.items() if failure.fatal)
             if fatal:

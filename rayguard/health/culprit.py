@@ -3,16 +3,51 @@
 Input: each rank's answer to a hang diagnosis, :class:`RankAnswer` (per process group the
 last collective it entered, with its sequence number, op and tensor sizes, and the last one
 it completed; where it runs; the top frame of its training thread), or ``None`` for a rank
-that gave no answer (wedged, holding the GIL, dead). Output: one frozen
+that gave no answer within ``HealthConfig(diagnosis_wait_s)``. Output: one frozen
 :class:`HangDiagnosis`.
 
-The rule, per process group: the ranks inside a collective (entered > completed) wait in
-the highest sequence number any of them entered, ``seq``. A rank whose last entered
-collective is below ``seq`` never arrived: a culprit. Ranks at ``seq`` whose op or sizes
-differ are a mismatch; the ranks outside the largest agreeing set are the culprits (on a
-tie every rank at ``seq`` is named). A rank with no answer is always a culprit. Sequence
-numbers are those of torch's Flight Recorder (per group, the same on every rank) or of
-rayguard's counting hook (:mod:`rayguard._torch.counting`).
+Per process group, among the ranks that answered: the ranks inside a collective (entered >
+completed) wait in the highest sequence number any of them entered, ``seq``. A member whose
+last entered collective is below ``seq`` never arrived: it is *behind*. Ranks at ``seq``
+whose op or sizes differ are a mismatch; the ranks outside the largest agreeing set are
+*odd* (on a tie every rank at ``seq`` is odd). Sequence numbers are those of torch's Flight
+Recorder (per group, the same on every rank) or of rayguard's counting hook
+(:mod:`rayguard._torch.counting`).
+
+Silence is not guilt: a rank blocked in a collective often cannot answer (a CUDA wait that
+holds the GIL), so on a GPU the ranks that wait are the silent ones and the rank that holds
+them up, sleeping or busy outside the collective, is the one that answers. Who is named
+(the first row that applies; :attr:`HangDiagnosis.rule`):
+
+==================  ===================================================  ==================
+rule                when                                                 culprits
+==================  ===================================================  ==================
+``all_answered``    every rank answered                                  behind + odd (none:
+                                                                         a transport fault,
+                                                                         or a stall in the
+                                                                         ranks' own code)
+``behind``          some silent; an answered rank is inside a            behind + odd; the
+                    collective and another answered rank is behind or    silent are taken as
+                    odd                                                  waiting in it
+``silent``          some silent; every answered member is inside the     the silent ranks
+                    same collective at ``seq``, agreeing                 (only they can be
+                                                                         holding it up)
+``outside``         more than half of the world silent; no answered      the answered ranks
+                    rank inside a collective; the answered ranks have    that recorded
+                    collectives recorded (they stand between two)        collectives; the
+                                                                         silent are taken as
+                                                                         waiting
+``silent_outside``  some silent; no answered rank inside a collective    the silent ranks
+                    (half or fewer silent, or no collective recorded)    (wedged, holding the
+                                                                         GIL, or dead)
+==================  ===================================================  ==================
+
+So 15 of 16 ranks silent in an all-reduce and rank 13 answering from between two steps
+names rank 13 (``outside``), not the 15; at 8 ranks, ranks 0, 1, 2, 4 waiting in an
+all-reduce, rank 6 behind and ranks 3, 5, 7 silent names rank 6 (``behind``). With 2 to 4
+ranks the rows give what they gave before, but for ``behind`` (a silent rank beside one that
+is behind is no longer named) and ``outside`` (3 of 4 silent and one answering from outside
+any collective names the one that answered).
 """
 
 from __future__ import annotations
@@ -73,7 +108,8 @@ class HangDiagnosis:
 
     culprits: tuple[int, ...]
     """Ranks that never entered the collective the others wait in, sent a different one,
-    or gave no answer (sorted; empty: nobody is behind)."""
+    stand outside any collective while most are silent, or gave no answer where nothing
+    else explains the hang (sorted; empty: nobody is behind). See the module's table."""
     waiting: tuple[int, ...]
     """Ranks blocked in the collective the culprits never entered (sorted)."""
     collective: Collective | None
@@ -81,13 +117,15 @@ class HangDiagnosis:
     mismatch: str | None
     """What differs at that sequence number (``None``: no mismatch)."""
     silent: tuple[int, ...]
-    """Ranks that gave no answer (also culprits)."""
+    """Ranks that gave no answer (culprits only where :attr:`rule` says so)."""
     nodes: dict[int, str | None]
     """Node id of each culprit."""
     gpu_ids: dict[int, tuple[str, ...]]
     """GPU ids of each culprit."""
     detail: str
     """One line a person can act on."""
+    rule: str = "all_answered"
+    """The row of the module's table that named the culprits (not in the event)."""
 
     def fields(self) -> dict[str, Any]:
         """The ``hang_diagnosed`` event's fields (JSON-ready)."""
@@ -102,6 +140,19 @@ class HangDiagnosis:
 
 def _ranks(values: Sequence[int]) -> str:
     return ("rank " if len(values) == 1 else "ranks ") + ", ".join(str(r) for r in values)
+
+
+def _span(values: Sequence[int]) -> str:
+    """``ranks 0-12, 14, 15``: consecutive ranks as runs."""
+    runs: list[list[int]] = []
+    for r in sorted(values):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    text = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run))
+                     for run in runs)
+    return ("rank " if len(values) == 1 else "ranks ") + text
 
 
 def _wait(values: Sequence[int]) -> str:
@@ -159,7 +210,8 @@ def find_culprits(answers: Mapping[int, RankAnswer | None], world_size: int,
                 behind.append(r)
         collective, waiting, odd, mismatch = _agree(at_seq)
         behind.extend(odd)
-    culprits = tuple(sorted(set(behind) | set(silent)))
+    rule, named = _rule(given, silent, world_size, inside=hung is not None, behind=behind)
+    culprits = tuple(sorted(named))
     waiting = sorted(set(waiting) - set(culprits))
     diagnosis = HangDiagnosis(
         culprits=culprits, waiting=tuple(waiting), collective=collective, mismatch=mismatch,
@@ -168,8 +220,23 @@ def find_culprits(answers: Mapping[int, RankAnswer | None], world_size: int,
                for r in culprits},
         gpu_ids={r: (given[r].gpu_ids if r in given
                      else tuple((place.get(r) or {}).get("gpu_ids") or ())) for r in culprits},
-        detail="")
+        detail="", rule=rule)
     return _with_detail(diagnosis, given, place)
+
+
+def _rule(given: Mapping[int, RankAnswer], silent: Sequence[int], world_size: int, *,
+          inside: bool, behind: Sequence[int]) -> tuple[str, set[int]]:
+    """``(rule, culprits)``: the first row of the module's table that applies."""
+    if not silent:
+        return "all_answered", set(behind)
+    if behind:
+        return "behind", set(behind)
+    if inside:
+        return "silent", set(silent)
+    between = {r for r, answer in given.items() if answer.groups}
+    if 2 * len(silent) > world_size and between:
+        return "outside", between
+    return "silent_outside", set(silent)
 
 
 def _agree(at_seq: Mapping[int, Collective]
@@ -223,6 +290,11 @@ def _with_detail(d: HangDiagnosis, given: Mapping[int, RankAnswer],
             parts.append(f"{where} is stalled outside any collective")
         if answer.top_frame:
             parts[-1] += f"; its stack: {answer.top_frame}"
+    unnamed = [r for r in d.silent if r not in d.culprits]
+    if unnamed and parts:
+        into = f"in {what}" if c is not None else "in the next collective"
+        parts.append(f"{_span(unnamed)} gave no answer (taken as waiting {into}: a rank "
+                     "blocked in a collective may not answer)")
     if not d.culprits:
         if c is not None:
             line = (f"{_ranks(d.waiting)} {_wait(d.waiting)} in {what}; none is behind "

@@ -1,0 +1,215 @@
+"""Which path a failure's recovery takes (rayguard/health/live.py::plan_recovery_path, pure),
+and the controller callback applying it on Ray's own poll-status objects with the run's real
+coordinator in process: a killed rank replaced alone, and a live recovery that fails falling
+back to one whole-group restart, never to another replacement alone (measured at 16 ranks:
+rank 11 killed, then ranks [10, 12] and [11] "replaced alone" again)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import ray
+from ray.exceptions import ActorDiedError
+from ray.train import FailureConfig
+from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
+from ray.train.v2.api.exceptions import WorkerGroupError
+
+from rayguard._ray.train import FailureDecision, fail_every_worker, marked_failed
+from rayguard.controller.callbacks import RayGuardCallback
+from rayguard.controller.failure_policy import GuardFailurePolicy
+from rayguard.exceptions import PeersLostError
+from rayguard.health.live import (
+    LIVE,
+    REPLICA_GROUP,
+    RESTART,
+    LiveAttempt,
+    live_key,
+    plan_recovery_path,
+)
+
+WORLD = 16
+
+
+# -- the decision table, one test per row ------------------------------------------------------
+def test_row_1_no_rank_failed_restarts_the_group() -> None:
+    plan = plan_recovery_path((), 4, mode=LIVE)
+    assert plan.path == RESTART and plan.ranks == (0, 1, 2, 3) and plan.fallback is None
+
+
+def test_row_2_recovery_restart_restarts_the_group() -> None:
+    plan = plan_recovery_path({1}, 4, mode=RESTART, live_attempt=LiveAttempt(1, (1,)))
+    assert plan.path == RESTART and not plan.alone and plan.fallback is None
+
+
+def test_row_3_a_live_attempt_that_fails_falls_back_whichever_ranks_failed() -> None:
+    live = LiveAttempt(1, (11,))
+    survivors = plan_recovery_path({10, 12}, WORLD, mode=LIVE, live_attempt=live)
+    assert survivors.path == RESTART and survivors.ranks == tuple(range(WORLD))
+    assert survivors.fallback == survivors.reason
+    assert "survivor(s) [10, 12] failed in it" in survivors.fallback
+    assert "live attempt 1 (rank(s) [11] replaced) failed before its first commit" in survivors.fallback
+    replacement = plan_recovery_path({11}, WORLD, mode=LIVE, live_attempt=live)
+    assert replacement.path == RESTART and "replacement(s) [11] failed in it" in (replacement.fallback or "")
+    everyone = plan_recovery_path(range(WORLD), WORLD, mode=LIVE, live_attempt=live)
+    assert everyone.path == RESTART and "live attempt 1" in (everyone.fallback or "")
+    # row 3 comes before a lost node: the failed live recovery is the reason
+    lost = plan_recovery_path({11}, WORLD, mode=LIVE, live_attempt=live, lost_nodes=["n"])
+    assert "live attempt 1" in (lost.fallback or "")
+
+
+def test_row_4_every_rank_failed_restarts_and_says_why_under_live_recovery() -> None:
+    live = plan_recovery_path({0, 1}, 2, mode=LIVE)
+    assert live.path == RESTART and "every rank failed" in (live.fallback or "")
+    torchft = plan_recovery_path({0, 1}, 2, mode=REPLICA_GROUP)
+    assert torchft.path == RESTART and torchft.fallback is None
+    settled = plan_recovery_path({0, 1}, 2, mode=LIVE, live_attempt=LiveAttempt(3, (1,), True))
+    assert settled.path == RESTART and "every rank failed" in (settled.fallback or "")
+
+
+def test_row_5_a_lost_node_restarts_the_group() -> None:
+    plan = plan_recovery_path({2}, 4, mode=LIVE, lost_nodes=["f96b8a0123456789"])
+    assert plan.path == RESTART and "f96b8a012345 of rank(s) [2] lost" in (plan.fallback or "")
+    assert plan_recovery_path({2}, 4, mode=REPLICA_GROUP, lost_nodes=["n"]).path == REPLICA_GROUP
+
+
+def test_row_6_replica_groups_replace_the_failed_ranks_alone() -> None:
+    plan = plan_recovery_path({2, 0}, 4, mode=REPLICA_GROUP, live_attempt=LiveAttempt(1, (2,)))
+    assert plan.path == REPLICA_GROUP and plan.ranks == (0, 2) and plan.alone
+
+
+def test_row_7_live_replaces_the_failed_ranks_alone_and_again_after_a_settled_attempt() -> None:
+    first = plan_recovery_path({11}, WORLD, mode=LIVE)
+    assert first.path == LIVE and first.ranks == (11,) and first.fallback is None
+    settled = LiveAttempt(1, (11,), settled=True)  # it committed: a failure now is a new loss
+    again = plan_recovery_path({4}, WORLD, mode=LIVE, live_attempt=settled)
+    assert again.path == LIVE and again.ranks == (4,)
+
+
+# -- the callback applying it --------------------------------------------------------------
+def poll(errors: dict[int, BaseException], world: int = WORLD) -> WorkerGroupPollStatus:
+    """A poll of a live group: every worker its own replica group, as Ray sees it."""
+    return WorkerGroupPollStatus(
+        worker_statuses={r: WorkerStatus(running=r not in errors, error=errors.get(r))  # type: ignore[arg-type]
+                         for r in range(world)},
+        worker_rank_to_replica_group_rank={r: r for r in range(world)})
+
+
+def replaced_alone_by_ray(status: WorkerGroupPollStatus) -> bool:
+    """Ray 2.60's own test in ``_execute_resize_decision`` (with replica groups)."""
+    failing = status.failing_replica_group_indices
+    return bool(failing) and failing != status.all_replica_group_indices
+
+
+@pytest.fixture
+def live(coordinator, monkeypatch) -> RayGuardCallback:
+    monkeypatch.setattr(ray, "nodes", lambda: [
+        {"NodeID": f"node{i}", "Alive": True, "Resources": {"CPU": 4.0}} for i in range(4)])
+    callback = RayGuardCallback(coordinator, replica_groups=True, live=True)
+    callback.before_worker_group_start(None)
+    workers = [SimpleNamespace(metadata=SimpleNamespace(node_id=f"node{r // 4}"))
+               for r in range(WORLD)]
+    callback.after_worker_group_start(SimpleNamespace(get_workers=lambda: workers))
+    return callback
+
+
+def restarts(events) -> list[dict]:
+    return [e for e in events() if e["kind"] == "restart"]
+
+
+def kill_rank_11(live: RayGuardCallback) -> None:
+    status = poll({11: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert replaced_alone_by_ray(status)
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+
+
+def test_a_killed_rank_is_replaced_alone(live, coordinator, events) -> None:
+    kill_rank_11(live)
+    (restart,) = restarts(events)
+    assert restart["path"] == "live" and restart["ranks"] == [11] and restart["next_attempt"] == 1
+    assert coordinator.target.get(live_key(0))["ranks"] == [11]
+
+
+def test_survivors_failing_in_the_live_attempt_restart_the_whole_group_once(
+        live, coordinator, events) -> None:
+    kill_rank_11(live)
+    status = poll({10: PeersLostError("rank 10: no word from rank 0"),
+                   12: PeersLostError("rank 12: no word from rank 0")})
+    live.after_worker_group_poll_status(status)
+    assert not replaced_alone_by_ray(status)  # every worker marked: Ray restarts the group
+    assert sorted(status.errors) == list(range(WORLD))
+    assert [r for r, e in status.errors.items() if not marked_failed(e)] == [10, 12]
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    fallback = restarts(events)[-1]
+    assert "path" not in fallback and fallback["attempt"] == 1
+    assert "survivor(s) [10, 12] failed in it" in fallback["fallback"]
+    assert fallback["fallback"] in fallback["detail"]
+    assert coordinator.target.get(live_key(1)) is None  # no second live round was opened
+    assert [e["rank"] for e in events() if e["kind"] == "worker_died"] == [11, 10, 12]
+    # Ray's whole-group start: a fresh attempt, whose own loss is replaced alone again
+    live.before_worker_group_start(None)
+    assert live._attempt == 2
+    status = poll({5: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert replaced_alone_by_ray(status)
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert restarts(events)[-1]["path"] == "live" and restarts(events)[-1]["ranks"] == [5]
+
+
+def test_a_replacement_that_fails_in_its_live_attempt_restarts_the_whole_group(
+        live, events) -> None:
+    kill_rank_11(live)
+    status = poll({11: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert not replaced_alone_by_ray(status)
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert "replacement(s) [11] failed in it" in restarts(events)[-1]["fallback"]
+
+
+def test_a_live_attempt_that_committed_is_settled_and_recovers_live_again(
+        live, coordinator, events) -> None:
+    coordinator.target.record({"kind": "checkpoint_committed", "step": 4, "path": "/r/c4",
+                               "detail": "x"})
+    kill_rank_11(live)
+    coordinator.target.record({"kind": "checkpoint_committed", "step": 9, "path": "/r/c9",
+                               "detail": "x"})
+    status = poll({3: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert replaced_alone_by_ray(status)
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert [(e.get("path"), e.get("ranks")) for e in restarts(events)] == [
+        ("live", [11]), ("live", [3])]
+
+
+def test_a_lost_node_still_falls_back(live, events, monkeypatch) -> None:
+    monkeypatch.setattr(ray, "nodes", lambda: [
+        {"NodeID": "node0", "Alive": True, "Resources": {}},
+        {"NodeID": "node1", "Alive": True, "Resources": {}},
+        {"NodeID": "node2", "Alive": False, "Resources": {}}])
+    status = poll({9: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert not replaced_alone_by_ray(status)
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert "node(s) node2 of rank(s) [9] lost" in restarts(events)[-1]["fallback"]
+
+
+def test_a_retry_without_a_failed_poll_is_a_plain_restart(live, events) -> None:
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)  # a scheduling error
+    assert [("path" in e, "fallback" in e) for e in restarts(events)] == [(False, False)]
+
+
+def test_the_failure_policy_counts_only_the_workers_own_failures(coordinator) -> None:
+    # the replacement raises again in its live attempt: the crash loop is still seen, though
+    # every other worker was marked failed to restart the group
+    policy = GuardFailurePolicy(FailureConfig(max_failures=10), coordinator, crash_loop_retries=1)
+    decisions = []
+    for _ in range(2):
+        coordinator.target.new_attempt()
+        coordinator.target.record_failure(1, coordinator.target.attempt(), "builtins.ValueError",
+                                          "train.py:3 in loop", step=-1,
+                                          summary="ValueError: my bug")
+        status = poll({1: ValueError("my bug")}, world=4)
+        fail_every_worker(status, PeersLostError("restart the group"))
+        decisions.append(policy.make_decision(WorkerGroupError("failed", status.errors)))
+    assert decisions == [FailureDecision.RETRY, FailureDecision.RAISE]
