@@ -33,6 +33,7 @@ from rayguard.health.live import (
 )
 from rayguard.health.quarantine import NodeFailure, node_failure_reason
 from rayguard.placement.exclude import exclude_nodes
+from rayguard.run.facts import cause_key
 
 
 def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
@@ -126,7 +127,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
                 continue
             self._reported.add((self._attempt, rank))
             try:
-                marked = ray.get(self.coordinator.get.remote(f"cause:{self._attempt}:{rank}"),
+                marked = ray.get(self.coordinator.get.remote(cause_key(self._attempt, rank)),
                                  timeout=10)
             except Exception:
                 marked = None

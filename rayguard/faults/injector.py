@@ -19,6 +19,7 @@ from typing import Any
 
 from rayguard.exceptions import InjectedFault
 from rayguard.faults.spec import KINDS, POINTS, Fault, parse_faults
+from rayguard.run.facts import cause_key
 
 __all__ = ["KINDS", "POINTS", "Fault", "FaultInjector", "announcer", "parse_faults"]
 
@@ -93,7 +94,7 @@ def announcer(link: Any, last_step: Callable[[], int]) -> Callable[[Fault, int |
     controller, and ``fault_injected`` at the fault's step (``last_step()`` at a load)."""
     def on_fire(fault: Fault, step: int | None = None) -> None:
         ctx = link.ctx
-        link.mark(f"cause:{ctx.attempt}:{ctx.rank}", f"injected {fault.kind}")
+        link.mark(cause_key(ctx.attempt, ctx.rank), f"injected {fault.kind}")
         link.record("fault_injected", f"injected {fault.kind} ({fault.key}; RAYGUARD_FAULTS or "
                     "GuardConfig(faults=))", step=last_step() if step is None else step,
                     wait=True, fault=fault.kind)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rayguard.health.decisions import Decision
+from rayguard.run.facts import cause_key, killed_key
 
 if TYPE_CHECKING:
     from rayguard.health.hang import HangProbe
@@ -61,8 +62,8 @@ class StallResponder:
         except Exception as exc:  # the diagnosis must never keep a stuck rank alive
             logger.warning("rayguard: hang diagnosis failed: %s", exc)
             opened, diagnosis = True, None
-        self.link.mark(f"cause:{ctx.attempt}:{ctx.rank}", f"killed by rayguard: {decision.check}")
-        self.link.mark(f"killed:{ctx.attempt}:{ctx.rank}", decision.reason)
+        self.link.mark(cause_key(ctx.attempt, ctx.rank), f"killed by rayguard: {decision.check}")
+        self.link.mark(killed_key(ctx.attempt, ctx.rank), decision.reason)
         try:
             if not opened:  # a peer opened the diagnosis and recorded the stall
                 return

@@ -27,6 +27,7 @@ from rayguard.health.quarantine import NodeFailure
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
 from rayguard.run.diagnosis import Diagnoses, open_key, place_key
+from rayguard.run.facts import CAUSE, KILLED, cause_key, loaded_key, rank_fact
 from rayguard.run.fence import NodeFence
 from rayguard.run.memory_host import MemoryHost
 from rayguard.run.waits import MAX_WAITERS, Answers, FactBoard, GatherBoard, bounded
@@ -131,8 +132,9 @@ class RunCoordinator(MemoryHost):
         (the worker left its cause before it went)."""
         out = set()
         for key, value in self._facts.items():
-            if key.startswith("cause:") and is_kill_mark(value):
-                out.add(int(key.split(":")[1]))
+            fact = rank_fact(key)
+            if fact is not None and fact.kind == CAUSE and is_kill_mark(value):
+                out.add(fact.attempt)
         return out
 
     def kills(self) -> dict[int, dict[str, str]]:
@@ -140,17 +142,17 @@ class RunCoordinator(MemoryHost):
         "reason"}}`` (the driver's final error names them)."""
         attempt, out = self.attempt(), {}
         for key, value in self._facts.items():
-            parts = key.split(":")
-            if parts[0] == "killed" and len(parts) == 3 and parts[1] == str(attempt):
-                cause = str(self._facts.get(f"cause:{attempt}:{parts[2]}", ""))
-                out[int(parts[2])] = {"bound": cause.rsplit(": ", 1)[-1] or "stall",
-                                      "reason": str(value)}
+            fact = rank_fact(key)
+            if fact is not None and fact.kind == KILLED and fact.attempt == attempt:
+                cause = str(self._facts.get(cause_key(attempt, fact.rank), ""))
+                out[fact.rank] = {"bound": cause.rsplit(": ", 1)[-1] or "stall",
+                                  "reason": str(value)}
         return out
 
     def loaded_checkpoint(self, attempts: list[int]) -> str | None:
         """The checkpoint every one of ``attempts`` resumed from (``None``: they differ, or
         one started fresh)."""
-        paths = {self._facts.get(f"loaded:{a}") for a in attempts}
+        paths = {self._facts.get(loaded_key(a)) for a in attempts}
         if len(paths) != 1:
             return None
         return paths.pop()

@@ -46,6 +46,7 @@ from rayguard._ray.report import (
     current_train_fn_utils,
     install_train_fn_utils,
 )
+from rayguard.run.facts import loaded_key
 from rayguard.run.link import RunLink
 from rayguard.train.collective import Collective
 from rayguard.train.forwarder import Forwarder
@@ -61,8 +62,6 @@ STEP_KEYS = ("step", "global_step", "training_iteration", "epoch", "iteration")
 it, ``epoch``). Without any, a report is one past the last."""
 
 CHOSEN_KEY = "ray-chosen:{attempt}"
-LOADED_KEY = "loaded:{attempt}"
-"""Coordinator key: the checkpoint an attempt resumed from (the crash-loop rule reads it)."""
 
 _UNSET = object()
 
@@ -249,7 +248,7 @@ class RayReportBridge:
             if unverified:
                 logger.warning("rayguard: %s has no rayguard manifest; offered unverified", path)
             break
-        link.put(LOADED_KEY.format(attempt=link.ctx.attempt), chosen)
+        link.put(loaded_key(link.ctx.attempt), chosen)
         self._committed = None
         if chosen is None:
             link.record("restored", "ray.train.get_checkpoint() offers nothing: no "

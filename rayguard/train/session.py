@@ -21,6 +21,7 @@ from rayguard.health.divergence import DIVERGED_KEY, offer_data_skip, plan_skip
 from rayguard.health.finite import FiniteGuard
 from rayguard.health.watchdog import Watchdog
 from rayguard.observe.steps import StepTimer
+from rayguard.run.facts import loaded_key
 from rayguard.run.link import RunLink
 from rayguard.train.agreement import Agreement, Flags, needs_protocol
 from rayguard.train.checkpointer import Checkpointer
@@ -185,7 +186,7 @@ class WorkerSession:
         """The checkpoint this attempt reads (the crash-loop rule rejects one that every
         attempt of a loop failed to load)."""
         if self.ctx.rank == 0:
-            self.link.put(f"loaded:{self.ctx.attempt}", path)
+            self.link.put(loaded_key(self.ctx.attempt), path)
 
     # -- the end of the training function ----------------------------------------------------
     def finish(self) -> None:
