@@ -26,9 +26,11 @@ from typing import Any
 from rayguard.checkpoint.fsio import atomic_write_bytes, check_real_dir, fsync_dir, io_error, phase
 from rayguard.checkpoint.manifest import (
     MANIFEST_NAME,
+    FileRecord,
     Manifest,
     ShardRecord,
     check_relative_path,
+    first_duplicate,
     library_versions,
 )
 from rayguard.exceptions import CheckpointError
@@ -94,19 +96,41 @@ def commit(
     return final
 
 
+def merge_shards(records: Iterable[ShardRecord], world_size: int) -> tuple[FileRecord, ...]:
+    """Every rank's files, in rank order, for one manifest; O(total files).
+
+    Raises CheckpointError when ``world_size < 1``, when two records share a rank or one
+    falls outside ``[0, world_size)``, when two files share a path (the manifest would be
+    unreadable: readers refuse a file listed twice) or a path is not a plain relative one.
+    Ranks need not all be present (the caller gathered what it commits)."""
+    if world_size < 1:
+        raise CheckpointError(f"commit(world_size={world_size}): must be >= 1")
+    ordered = sorted(records, key=lambda r: r.rank)  # gathered in rank order: one pass
+    ranks = [r.rank for r in ordered]
+    twice = first_duplicate(ranks)
+    outside = [r for r in ranks if not 0 <= r < world_size]
+    if twice is not None or outside:
+        what = f"rank {twice} twice" if twice is not None else f"ranks {outside[:8]} outside it"
+        raise CheckpointError(
+            f"commit: shard ranks must be distinct and within world_size {world_size} ({what}, "
+            f"{len(ranks)} shards). Fix: gather one ShardRecord per rank of this world")
+    files = tuple(f for r in ordered for f in r.files)
+    for f in files:
+        check_relative_path(f.path)
+    duplicate = first_duplicate(f.path for f in files)
+    if duplicate is not None:
+        owners = [r.rank for r in ordered if any(f.path == duplicate for f in r.files)]
+        raise CheckpointError(
+            f"commit: {duplicate!r} is claimed by ranks {owners[:8]}; a manifest lists each file "
+            "once. Fix: give every rank its own file names (shard_file_name(rank))")
+    return files
+
+
 def _build_manifest(
     staging: Path, records: list[ShardRecord], world_size: int, step: int | None, metadata: dict[str, Any]
 ) -> Manifest:
-    if world_size < 1:
-        raise CheckpointError(f"commit(world_size={world_size}): must be >= 1")
-    ranks = [r.rank for r in records]
-    if len(set(ranks)) != len(ranks) or any(not 0 <= r < world_size for r in ranks):
-        raise CheckpointError(
-            f"commit: shard ranks {sorted(ranks)} must be distinct and within world_size {world_size}"
-        )
-    files = tuple(f for r in records for f in r.files)
+    files = merge_shards(records, world_size)
     for f in files:
-        check_relative_path(f.path)
         actual = (staging / f.path).stat().st_size
         if actual != f.size_bytes:
             raise CheckpointError(

@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 from rayguard.checkpoint.fsio import pread_exact
 from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES, Hasher, current, factory
@@ -155,14 +154,16 @@ def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int,
 
 
 def hash_files(
-    paths: Sequence[Path], *, threads: int | None = None, chunk_size: int = CHUNK_SIZE_BYTES,
+    paths: Sequence[str | os.PathLike[str]], *, threads: int | None = None, chunk_size: int = CHUNK_SIZE_BYTES,
     scheme: str | None = None,
 ) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
     """Digest several files at once, every chunk of every file in parallel (files of at most
     ``INLINE_BYTES`` in all, such as DCP's ``.metadata`` and small plain shards, in the
     caller's thread: starting the pool's threads cost more than hashing them).
 
-    At most ``IN_FLIGHT_PER_THREAD`` chunks per thread are queued at a time (in file order),
+    Small pieces go to the pool together (:func:`_batches`: up to ``BATCH_PIECES`` of them,
+    ``INLINE_BYTES`` in all, per task), so 65,536 small files are 1,024 tasks, not 65,536.
+    At most ``IN_FLIGHT_PER_THREAD`` tasks per thread are queued at a time (in file order),
     so the pool's memory does not grow with the checkpoint's size.
     Returns, per path, (file digest, chunk digests) or the error that stopped its read.
     """
@@ -171,41 +172,35 @@ def hash_files(
     new = factory(scheme)
     errors: dict[int, OSError | EOFError] = {}
     digests: list[list[bytes]] = [[] for _ in paths]
+    sizes = _sizes(paths, errors)  # one stat per file
 
-    def tasks() -> Iterator[tuple[int, str, int, int]]:  # (file, path, chunk index, length)
+    def pieces() -> Iterator[Piece]:
         for k, p in enumerate(paths):
-            try:
-                size = p.stat().st_size
-            except OSError as exc:
-                errors[k] = exc
-                continue
+            size = sizes[k]
             for i in range(-(-size // chunk_size)):
                 yield k, str(p), i, min(chunk_size, size - i * chunk_size)
 
-    if _total_size(paths) <= INLINE_BYTES:  # .metadata, small plain shards: no pool to start
-        for k, path, i, length in tasks():
-            if k in errors:
-                continue
-            try:
-                digests[k].append(_hash_file_chunk(path, i, length, chunk_size, new,
-                                                   bytearray(length)))
-            except (OSError, EOFError) as exc:
-                errors.setdefault(k, exc)
+    def keep(k: int, result: bytes | OSError | EOFError) -> None:
+        if isinstance(result, bytes):
+            digests[k].append(result)
+        else:
+            errors.setdefault(k, result)
+
+    if sum(sizes) <= INLINE_BYTES:  # .metadata, small plain shards: no pool to start
+        for k, path, i, length in pieces():
+            if k not in errors:
+                keep(k, _hash_piece(path, i, length, chunk_size, new, bytearray(length)))
         return _results(paths, digests, errors, scheme)
-    window: deque[tuple[int, Future[bytes]]] = deque()
+    window: deque[tuple[list[Piece], Future[list[bytes | OSError | EOFError]]]] = deque()
 
     def settle() -> None:
-        k, future = window.popleft()
-        try:
-            digests[k].append(future.result())
-        except (OSError, EOFError) as exc:
-            errors.setdefault(k, exc)
+        batch, future = window.popleft()
+        for (k, *_), result in zip(batch, future.result(), strict=True):
+            keep(k, result)
 
     with ThreadPoolExecutor(n_threads, thread_name_prefix="rg-hash") as pool:
-        for k, path, i, length in tasks():
-            if k in errors:
-                continue
-            window.append((k, pool.submit(_hash_file_chunk, path, i, length, chunk_size, new)))
+        for batch in _batches(p for p in pieces() if p[0] not in errors):
+            window.append((batch, pool.submit(_hash_pieces, batch, chunk_size, new)))
             if len(window) >= n_threads * IN_FLIGHT_PER_THREAD:
                 settle()
         while window:
@@ -213,18 +208,53 @@ def hash_files(
     return _results(paths, digests, errors, scheme)
 
 
-def _total_size(paths: Sequence[Path]) -> int:
-    """Their sizes added up (a file that cannot be stat'ed counts 0: its error comes later)."""
-    total = 0
-    for p in paths:
+Piece = tuple[int, str, int, int]
+"""(file index, path, chunk index, length): one chunk to read and hash."""
+
+
+def _batches(pieces: Iterable[Piece]) -> Iterator[list[Piece]]:
+    """Consecutive pieces, grouped: a group holds at most ``BATCH_PIECES`` pieces of
+    ``INLINE_BYTES`` in all, or one larger piece (a whole chunk is a task of its own)."""
+    batch: list[Piece] = []
+    nbytes = 0
+    for piece in pieces:
+        if batch and (nbytes + piece[3] > INLINE_BYTES or len(batch) >= BATCH_PIECES):
+            yield batch
+            batch, nbytes = [], 0
+        batch.append(piece)
+        nbytes += piece[3]
+    if batch:
+        yield batch
+
+
+def _hash_piece(path: str, index: int, length: int, chunk_size: int,
+                new: Callable[[], Hasher], buf: bytearray | None = None) -> bytes | OSError | EOFError:
+    try:
+        return _hash_file_chunk(path, index, length, chunk_size, new, buf)
+    except (OSError, EOFError) as exc:
+        return exc
+
+
+def _hash_pieces(batch: list[Piece], chunk_size: int,
+                 new: Callable[[], Hasher]) -> list[bytes | OSError | EOFError]:
+    """A pool task: each piece's digest, or the error that stopped its read."""
+    return [_hash_piece(path, i, length, chunk_size, new) for _, path, i, length in batch]
+
+
+def _sizes(paths: Sequence[str | os.PathLike[str]], errors: dict[int, OSError | EOFError]) -> list[int]:
+    """Each file's size; a file that cannot be stat'ed counts 0 and its error goes into
+    ``errors`` (its result)."""
+    out = []
+    for k, p in enumerate(paths):
         try:
-            total += p.stat().st_size
-        except OSError:
-            pass
-    return total
+            out.append(os.stat(p).st_size)
+        except OSError as exc:
+            errors[k] = exc
+            out.append(0)
+    return out
 
 
-def _results(paths: Sequence[Path], digests: list[list[bytes]],
+def _results(paths: Sequence[str | os.PathLike[str]], digests: list[list[bytes]],
              errors: dict[int, OSError | EOFError],
              scheme: str) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
     out: list[tuple[str, tuple[str, ...]] | OSError | EOFError] = []
@@ -237,7 +267,10 @@ def _results(paths: Sequence[Path], digests: list[list[bytes]],
 
 
 INLINE_BYTES = 1024 * 1024
-"""Pieces smaller than this are hashed in the caller's thread (a pool task costs more)."""
+"""Files of at most this much in all are hashed in the caller's thread (a pool costs more);
+in the pool, pieces smaller than this share a task, up to this much in all."""
+BATCH_PIECES = 64
+"""The most pieces in one pool task (so small files still spread over the threads)."""
 
 
 def _update(h: Hasher, view: memoryview) -> None:

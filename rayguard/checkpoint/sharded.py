@@ -14,6 +14,7 @@ Pure: no torch.distributed here (the DCP adapter is :mod:`rayguard.train.sharded
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -162,17 +163,19 @@ def plan_verification(manifest: Manifest, world_size: int) -> list[list[str]]:
     """Which files each of ``world_size`` loading ranks hashes, so that together they hash
     every file once. At the saved world size each rank hashes what its own rank saved (the
     files it mostly reads, so they are in its page cache when DCP reads them); at another
-    size the files go largest first to the least loaded rank."""
+    size the files go largest first to the least loaded rank (ties: the lowest rank), picked
+    from a heap: O(files log world_size), where a scan of every rank per file took
+    65,536 x 16,384 steps on every loading rank."""
     plan: list[list[str]] = [[] for _ in range(world_size)]
     if manifest.world_size == world_size:
         for f in manifest.files:
             plan[f.rank].append(f.path)
         return plan
-    load = [0] * world_size
+    loads = [(0, r) for r in range(world_size)]  # (bytes so far, rank): already a heap
     for f in sorted(manifest.files, key=lambda f: (-f.size_bytes, f.path)):
-        r = min(range(world_size), key=lambda i: (load[i], i))
+        load, r = loads[0]
         plan[r].append(f.path)
-        load[r] += f.size_bytes
+        heapq.heapreplace(loads, (load + f.size_bytes, r))
     return plan
 
 
