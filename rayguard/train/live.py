@@ -55,6 +55,7 @@ def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | No
     ctx = link.ctx
     if not looks_like_peer_loss(type(exc).__name__, str(exc)):
         return None
+    leave_broken_group(exc)  # first: the loss reaches the peers blocked with this rank
     notice = await_notice(link, ctx.attempt, wait_s)
     decision = plan_rejoin(notice, rank=ctx.rank, attempt=ctx.attempt)
     if not decision.rejoin:
@@ -125,6 +126,28 @@ def _abort_nccl() -> None:
 
     if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
         leave_group()
+
+
+def leave_broken_group(exc: BaseException) -> str:
+    """Leave the default group a peer's loss broke, and drop what the failed training
+    function still holds of it (its frames, through ``exc``'s tracebacks: the DDP model, the
+    optimizer), so that the group's connections close now. gloo cannot abort a collective:
+    only the lost rank's neighbours see its connection close, and a rank blocked in a
+    collective with a survivor that keeps its group open waits until its timeout. Closing
+    here makes each survivor the next one's lost connection, so the loss reaches every rank
+    in milliseconds (measured: 16 gloo ranks, the non-neighbours blocked otherwise)."""
+    import gc
+    import traceback
+
+    how = leave_group()
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # frames still running are kept
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    gc.collect()
+    return how
 
 
 def leave_group() -> str:
@@ -246,7 +269,7 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                 ranks=notice.get("ranks"), **({} if spare is None else {"spare": spare}))
 
 
-__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "setup_lost", "await_notice", "leave_group", "pg_settings", "rejoin_attempt",
+__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "setup_lost", "await_notice", "leave_broken_group", "leave_group", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]
 
 
