@@ -99,13 +99,18 @@ class GatherAgreement:
 
 class CollectiveAgreement:
     """A MAX all-reduce over a gloo group; ``heartbeat`` is called every ``poll_s`` seconds
-    while peers are awaited (a wait is not a stall)."""
+    while peers are awaited (a wait is not a stall); ``lost``, asked as often, names a peer
+    the run says is gone (live recovery's notice): the wait then ends with
+    :class:`~rayguard.exceptions.PeersLostError` (gloo cannot abort the collective, and a
+    rank that was not the lost one's neighbour may never see a connection close)."""
 
-    def __init__(self, group: Any, heartbeat: Callable[[], None], poll_s: float = 1.0) -> None:
+    def __init__(self, group: Any, heartbeat: Callable[[], None], poll_s: float = 1.0,
+                 lost: Callable[[], str | None] | None = None) -> None:
         import torch
 
         self._group = group
         self._heartbeat = heartbeat
+        self._lost = lost
         self._poll = datetime.timedelta(seconds=poll_s)
         self._buffer = torch.zeros(len(Flags._fields), dtype=torch.int32)
         self.calls = 0
@@ -134,6 +139,11 @@ class CollectiveAgreement:
                 if "timed out" not in str(exc).lower():
                     raise
                 self._heartbeat()
+                reason = self._lost() if self._lost is not None else None
+                if reason:
+                    from rayguard.exceptions import PeersLostError
+
+                    raise PeersLostError(reason) from None
 
 
 def gloo_group_for_flags() -> Any:
@@ -149,8 +159,10 @@ def gloo_group_for_flags() -> Any:
 
 
 def make_agreement(world_size: int, gather: Callable[[str, Any], list[Any]],
-                   heartbeat: Callable[[], None]) -> Agreement:
-    """The cheapest agreement this worker can run (see the module docstring)."""
+                   heartbeat: Callable[[], None],
+                   lost: Callable[[], str | None] | None = None) -> Agreement:
+    """The cheapest agreement this worker can run (see the module docstring); ``lost``: see
+    :class:`CollectiveAgreement`."""
     if world_size == 1:
         return LocalAgreement()
     try:
@@ -159,4 +171,4 @@ def make_agreement(world_size: int, gather: Callable[[str, Any], list[Any]],
         return GatherAgreement(gather)
     if not (dist.is_available() and dist.is_initialized()):
         return GatherAgreement(gather)
-    return CollectiveAgreement(gloo_group_for_flags(), heartbeat)
+    return CollectiveAgreement(gloo_group_for_flags(), heartbeat, lost=lost)

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from rayguard._ray.spare import touch
@@ -66,6 +67,21 @@ def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | No
                    list(decision.replaced), ctx.attempt, decision.attempt,
                    type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
     return decision.attempt
+
+
+def peer_lost(link: RunLink) -> Callable[[], str | None]:
+    """Asked while this rank waits in a collective: what the run says this attempt lost
+    (``None``: nothing yet), from the notice's long poll, never blocking."""
+    poll = link.fact_poll(live_key(link.ctx.attempt))
+
+    def lost() -> str | None:
+        notice = poll.value()
+        if notice is None:
+            return None
+        return (f"rank {link.ctx.rank}: attempt {link.ctx.attempt} lost rank(s) "
+                f"{notice.get('ranks')} while this rank waited in a collective")
+
+    return lost
 
 
 class AttemptSuperseded(Exception):
@@ -269,7 +285,7 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                 ranks=notice.get("ranks"), **({} if spare is None else {"spare": spare}))
 
 
-__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "setup_lost", "await_notice", "leave_broken_group", "leave_group", "pg_settings", "rejoin_attempt",
+__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "setup_lost", "await_notice", "leave_broken_group", "leave_group", "peer_lost", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]
 
 

@@ -383,7 +383,12 @@ class GuardedTrainFn:
                  faults: tuple[Fault, ...], inner: Any) -> WorkerSession:
         """The ranks' agreement, the preemption watch, the forwarding to Ray's own report
         (``inner``'s); the session from them."""
-        agreement = make_agreement(link.peers, link.gather, watchdog.heartbeat)
+        lost = None
+        if self.live and link.peers > 1:
+            from rayguard.train.live import peer_lost
+
+            lost = peer_lost(link)
+        agreement = make_agreement(link.peers, link.gather, watchdog.heartbeat, lost)
         forwarder = Forwarder()
         preemption = watch_preemption(link, agreement, stop=watchdog.stop,
                                       flush=lambda timeout_s: forwarder.flush(timeout_s=timeout_s))

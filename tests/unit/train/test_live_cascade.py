@@ -87,3 +87,43 @@ def test_a_group_destroyed_but_still_held_keeps_the_others_blocked():
     # the cause: without the frames dropped, the lost rank's neighbours raise, the rest wait
     raised = _raised("plain", wait_s=5.0)
     assert raised and raised != set(range(WORLD - 1)), raised
+
+
+def _flags_rank(rank: int, port: int, out: mp.Queue) -> None:
+    import torch.distributed as dist
+
+    from rayguard.exceptions import PeersLostError
+    from rayguard.train.agreement import CollectiveAgreement, Flags
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    if rank == 1:  # alive, its connection open, never in the agreement
+        time.sleep(HOLD_S)
+        os._exit(0)
+    asked = time.monotonic()
+    agreement = CollectiveAgreement(
+        None, heartbeat=lambda: None, poll_s=0.1,
+        lost=lambda: "attempt 0 lost rank(s) [1]" if time.monotonic() - asked > 1.0 else None)
+    try:
+        agreement.agree(Flags(nonfinite=False))
+        out.put("returned")
+    except PeersLostError as exc:
+        out.put(str(exc))
+    out.close()
+    out.join_thread()  # flushed before the process goes
+    os._exit(0)
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_waiting_in_the_report_agreement_leaves_when_the_run_says_a_peer_is_lost():
+    ctx = mp.get_context("fork")
+    out: mp.Queue = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_flags_rank, args=(r, port, out), daemon=True) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        assert out.get(timeout=60) == "attempt 0 lost rank(s) [1]"
+    finally:
+        for p in procs:
+            p.kill()
