@@ -8,15 +8,21 @@ logs written before the writer used strict JSON) read as the strings the writer 
 ``"nan"``/``"inf"``/``"-inf"``. Strings come back encodable as UTF-8 (a lone surrogate escape
 such as ``"\\ud800"`` becomes U+FFFD), so printing or writing them never fails.
 
-The one parser of the package: event lines (:func:`loads_line`), and manifests, shard
-headers and rejection files (:mod:`rayguard.checkpoint.safejson`, which names the file in a
+How: the standard library's C parser reads the document (its own recursion guard stops a
+deeply nested one), then one iterative walk over what it returned checks every bound. The
+walk is the only Python work per value; a document whose strings need no repair is returned
+as parsed, not copied.
+
+The one parser of the package: event lines (:func:`loads_line`; the step summaries that make
+up most of a long log may instead take the typed fast path of :mod:`rayguard.events.fast`,
+which accepts only what this parser accepts), and manifests, shard headers and rejection
+files (:mod:`rayguard.checkpoint.safejson`, which names the file in a
 ``CheckpointCorruptError``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Literal
 
 MAX_LINE_BYTES = 1 << 20
@@ -44,20 +50,9 @@ def _string_constant(name: str) -> Any:
     raise UnsafeJSONError(f"non-finite number {name} (write it as a string)")
 
 
-def _parse_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise UnsafeJSONError(f"number {text[:40]} is out of range (not a finite float)")
-    return value
-
-
-def _int_parser(max_digits: int | None) -> Any:
-    def parse(text: str) -> int:
-        if max_digits is not None and len(text.lstrip("-")) > max_digits:
-            raise UnsafeJSONError(f"integer of {len(text)} digits (at most {max_digits})")
-        return int(text)  # past Python's own digit limit: ValueError, a rejection below
-
-    return parse
+# built once: json.loads(text, **options) would build a decoder per call
+_DECODERS = {"refuse": json.JSONDecoder(parse_constant=_refuse_constant).decode,
+             "string": json.JSONDecoder(parse_constant=_string_constant).decode}
 
 
 def _clean(text: str) -> str:
@@ -68,15 +63,63 @@ def _clean(text: str) -> str:
     return text
 
 
-def _checked(value: Any, depth: int, max_depth: int) -> Any:
+def _is_clean(text: str) -> bool:
+    return text.isascii() or _clean(text) is text
+
+
+def check_bounds(value: Any, *, max_depth: int, max_int_digits: int | None) -> bool:
+    """Check the bounds of a parsed ``value`` (iteratively: any depth is safe to check):
+    raises :class:`UnsafeJSONError` for a container deeper than ``max_depth`` levels, a float
+    that is not finite or an integer of more than ``max_int_digits`` digits. Returns whether
+    every string (and key) is already encodable as UTF-8."""
+    limit = 10 ** max_int_digits if max_int_digits is not None else None
+    clean = True
+    stack = [(value, 1)] if type(value) in (dict, list) else []
+    if not stack:
+        _check_scalar(value, limit)
+        return not isinstance(value, str) or _is_clean(value)
+    while stack:
+        node, level = stack.pop()
+        if level > max_depth:
+            raise UnsafeJSONError(f"nested deeper than {max_depth} levels")
+        if type(node) is dict:
+            if clean and not "".join(node).isascii():
+                clean = all(_is_clean(k) for k in node)
+            children: Any = node.values()
+        else:
+            children = node
+        for child in children:
+            kind = type(child)
+            if kind is float:
+                if child - child != 0.0:  # inf - inf and nan - nan are nan
+                    raise UnsafeJSONError(f"number {child} is out of range (not a finite float)")
+            elif kind is int:
+                if limit is not None and not -limit < child < limit:
+                    raise UnsafeJSONError(f"integer of {len(str(abs(child)))} digits (at most "
+                                          f"{max_int_digits})")
+            elif kind is str:
+                if clean and not child.isascii():
+                    clean = _clean(child) is child
+            elif kind is dict or kind is list:
+                stack.append((child, level + 1))
+    return clean
+
+
+def _check_scalar(value: Any, limit: int | None) -> None:
+    if type(value) is float and value - value != 0.0:
+        raise UnsafeJSONError(f"number {value} is out of range (not a finite float)")
+    if type(value) is int and limit is not None and not -limit < value < limit:
+        raise UnsafeJSONError("integer out of range")
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` with every string and key made encodable (a copy; rarely needed)."""
     if isinstance(value, str):
         return _clean(value)
-    if isinstance(value, (dict, list)):
-        if depth >= max_depth:
-            raise UnsafeJSONError(f"nested deeper than {max_depth} levels")
-        if isinstance(value, dict):
-            return {_clean(k): _checked(v, depth + 1, max_depth) for k, v in value.items()}
-        return [_checked(v, depth + 1, max_depth) for v in value]
+    if isinstance(value, dict):
+        return {_clean(k): _cleaned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
     return value
 
 
@@ -94,9 +137,9 @@ def loads(data: str | bytes | bytearray | memoryview, *, max_bytes: int,
         raise UnsafeJSONError(f"{size} bytes of JSON is over the {max_bytes}-byte limit")
     try:
         text = data if isinstance(data, str) else bytes(data).decode("utf-8", errors=errors)
-        value = json.loads(text, parse_float=_parse_float, parse_int=_int_parser(max_int_digits),
-                           parse_constant=_string_constant if nonfinite == "string"
-                           else _refuse_constant)
+        if text.startswith("\ufeff"):  # as json.loads: a BOM is not JSON
+            raise UnsafeJSONError("not valid JSON (an unexpected UTF-8 BOM)")
+        value = _DECODERS[nonfinite](text)
     except UnsafeJSONError:
         raise
     except RecursionError:
@@ -107,7 +150,9 @@ def loads(data: str | bytes | bytearray | memoryview, *, max_bytes: int,
         names = top.__name__ if isinstance(top, type) else " or ".join(t.__name__ for t in top)
         raise UnsafeJSONError(f"top-level JSON value is a {type(value).__name__}, expected "
                               f"a {names}")
-    return _checked(value, 0, max_depth)
+    if check_bounds(value, max_depth=max_depth, max_int_digits=max_int_digits):
+        return value
+    return _cleaned(value)
 
 
 def loads_line(data: bytes | str, *, max_bytes: int = MAX_LINE_BYTES,

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rayguard.constants import EVENTS_FILENAME, SWEEP_EVENTS_FILENAME
+from rayguard.events.fast import MARKER as STEPS_MARKER
+from rayguard.events.fast import decoder as fast_decoder
 from rayguard.events.files import LOG_FILENAMES, events_path, join, log_kind
 from rayguard.events.lines import EventSource, LineReader
 from rayguard.safejson import UnsafeJSONError, loads_line
@@ -163,6 +165,46 @@ def iter_events(source: EventSource, counts: ParsedLog | None = None) -> Iterato
             out.bad_lines += 1
         else:
             yield event
+
+
+def iter_records(source: EventSource, counts: ParsedLog | None = None, *,
+                 fast: bool = True, start: int = 0,
+                 end: int | None = None) -> Iterator[dict[str, Any] | Any]:
+    """As :func:`iter_events`, for readers of the whole log (the report, the goodput): a
+    run log's step summaries that fit the fast path's schema come as typed records
+    (:class:`rayguard.events.fast.StepLine`, with the attributes of
+    :class:`rayguard.events.summary.StepSummary`), every other event as its dict. The same
+    lines are events either way; ``fast=False``: dicts only. ``start``, ``end``: one part
+    of a local log (:func:`rayguard.events.lines.split_points`)."""
+    decode, errors = (fast_decoder() if fast and source.kind == "run" else None) or (None, ())
+    out = counts if counts is not None else ParsedLog()
+    for lines in _batches(LineReader(source, start=start, end=end)):
+        for line in lines:
+            if line is None:
+                out.bad_lines += 1
+                continue
+            if decode is not None and STEPS_MARKER in line:
+                try:
+                    record = decode(line)
+                except errors:  # not the schema's: the reference parser decides
+                    pass
+                else:
+                    yield record
+                    continue
+            if not line.strip():
+                continue
+            event = parse_line(line, source.kind)
+            if event is None:
+                out.bad_lines += 1
+            else:
+                yield event
+
+
+def _batches(reader: LineReader) -> Iterator[list[bytes | None]]:
+    yield from reader.read_batches()
+    tail = reader.finish()
+    if tail is not None:
+        yield [tail]
 
 
 def _with_tail(reader: LineReader) -> Iterator[bytes | None]:

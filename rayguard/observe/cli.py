@@ -82,6 +82,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def _print_goodput(source: Any, *, as_json: bool) -> int:
     from rayguard.checkpoint.interval_advice import recommend_interval
+    from rayguard.observe.digest import digest_log
     from rayguard.observe.goodput import goodput
     from rayguard.observe.goodput_sweep import format_sweep_goodput, sweep_goodput
     from rayguard.observe.goodput_table import format_goodput
@@ -92,11 +93,11 @@ def _print_goodput(source: Any, *, as_json: bool) -> int:
             print(json.dumps({"trials": {t: g.to_dict() for t, g in trials.items()}})
                   if as_json else format_sweep_goodput(trials))
             return 0
-        events = list(iter_events(source))
+        digest = digest_log(source, curves=False)  # streamed: memory bounded
     except OSError as exc:
         print(f"rayguard events: cannot read {inert(source.path)}: {inert(exc)}", file=sys.stderr)
         return 2
-    g, advice = goodput(events), recommend_interval(events)
+    g, advice = goodput(digest.compact.events()), recommend_interval(digest.events())
     if as_json:
         print(json.dumps({**g.to_dict(), "checkpoint_interval": advice.to_dict()}))
     else:

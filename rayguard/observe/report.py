@@ -20,11 +20,12 @@ from rayguard.events.read import locate, read_log
 from rayguard.events.record import json_safe
 from rayguard.exceptions import RayGuardError
 from rayguard.health import quarantine_file
+from rayguard.observe.digest import digest_log
 from rayguard.observe.goodput import goodput
 from rayguard.observe.report_goodput import STYLE as GOODPUT_STYLE
 from rayguard.observe.report_goodput import goodput_section
 from rayguard.observe.report_quarantine import file_rows, quarantine_rows, quarantine_section
-from rayguard.observe.timeline import build_run, build_sweep
+from rayguard.observe.timeline import build_run_digest, build_sweep
 
 logger = logging.getLogger("rayguard")
 
@@ -62,17 +63,20 @@ def write_report(run_dir: str, output: str = "report.html", *, metric: str | Non
     return its path."""
     _plotly()  # fail before reading a large log
     source = locate(run_dir, filesystem)
-    parsed = read_log(source)
     if source.kind == "sweep":
-        data = build_sweep(parsed.events)
+        parsed = read_log(source)
+        data, bad_lines = build_sweep(parsed.events), parsed.bad_lines
     else:
-        data = build_run(parsed.events, metric=metric)
-        data["goodput"] = goodput(parsed.events).to_dict()
-        data["goodput"]["checkpoint_interval"] = recommend_interval(parsed.events).line()
-        rows = quarantine_rows(parsed.events)
+        # streamed into a digest: memory bounded by what the page shows, not the log's length
+        digest = digest_log(source, metric)
+        events = digest.events()
+        data, bad_lines = build_run_digest(digest, metric), digest.bad_lines
+        data["goodput"] = goodput(digest.compact.events()).to_dict()
+        data["goodput"]["checkpoint_interval"] = recommend_interval(events).line()
+        rows = quarantine_rows(events)
         data["quarantine"] = rows + file_rows(_quarantine_file(source), rows)
     data["source"] = str(run_dir)
-    data["bad_lines"] = parsed.bad_lines
+    data["bad_lines"] = bad_lines
     page = render(data)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w", encoding="utf-8") as f:
@@ -101,16 +105,21 @@ def timeline_figure(data: dict[str, Any]) -> Any:
                         subplot_titles=("what happened", "world size", "steps/s"))
     lanes = ["restarts", "faults", "checkpoints", "attempts"]
     bands = []  # plain layout shapes: add_vrect(row="all") is slow with many attempts
-    for a in data["attempts"]:
-        color = _ATTEMPT_COLORS[a["attempt"] % len(_ATTEMPT_COLORS)]
-        bands += _band(a["start"], a["end"], color, 0.35)
+    attempts = data["attempts"]
+    for a in attempts:
+        bands += _band(a["start"], a["end"], _ATTEMPT_COLORS[a["attempt"] % len(_ATTEMPT_COLORS)],
+                       0.35)
+    if attempts:  # one trace for every attempt: a trace each is slow past a few dozen
         fig.add_trace(go.Bar(
-            x=[max(a["end"] - a["start"], 1e-3)], base=[a["start"]], y=["attempts"],
-            orientation="h", marker_color=color, marker_line_color="#555", marker_line_width=1,
-            name=f"attempt {a['attempt']}", showlegend=False, text=[f"attempt {a['attempt']}"],
+            x=[max(a["end"] - a["start"], 1e-3) for a in attempts],
+            base=[a["start"] for a in attempts], y=["attempts"] * len(attempts),
+            orientation="h", marker_line_color="#555", marker_line_width=1, showlegend=False,
+            marker_color=[_ATTEMPT_COLORS[a["attempt"] % len(_ATTEMPT_COLORS)] for a in attempts],
+            name="attempts", text=[f"attempt {a['attempt']}" for a in attempts],
             textposition="inside",
-            hovertemplate=(f"attempt {a['attempt']}: {a['outcome']}, {a['world_size']} worker(s)"
-                           "<br>%{base:.1f} s .. " + f"{a['end']:.1f} s<extra></extra>")),
+            customdata=[[a["attempt"], a["outcome"], a["world_size"], a["end"]] for a in attempts],
+            hovertemplate=("attempt %{customdata[0]}: %{customdata[1]}, %{customdata[2]} "
+                           "worker(s)<br>%{base:.1f} s .. %{customdata[3]:.1f} s<extra></extra>")),
             row=1, col=1)
     for status, (symbol, color) in _STATUS_STYLE.items():
         marks = [c for c in data["checkpoints"] if c["status"] == status]
@@ -144,11 +153,8 @@ def timeline_figure(data: dict[str, Any]) -> Any:
         fig.add_trace(go.Scatter(x=[p[0] for p in ws] + [end], y=[p[1] for p in ws] + [ws[-1][1]],
                                  mode="lines", line_shape="hv", name="world size",
                                  showlegend=False), row=2, col=1)
-    tp = data["throughput"]
-    for a in sorted({p["attempt"] for p in tp}):
-        pts = [p for p in tp if p["attempt"] == a]
-        fig.add_trace(go.Scatter(x=[p["time"] for p in pts], y=[p["steps_per_s"] for p in pts],
-                                 mode="lines+markers", name=f"steps/s attempt {a}",
+    for name, xs, ys in _by_attempt(data["throughput"]):
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"steps/s {name}",
                                  showlegend=False), row=3, col=1)
     fig.update_layout(shapes=bands)
     fig.update_yaxes(categoryorder="array", categoryarray=lanes, row=1, col=1)
@@ -165,6 +171,34 @@ def _band(x0: float, x1: float, color: str, opacity: float) -> list[dict[str, An
              "layer": "below"} for axis in ("y", "y2", "y3")]
 
 
+MAX_TRACES = 10
+"""Curves per plot: past it, attempts share a trace (each attempt's curve still apart,
+broken by a gap), as many traces each take time to build."""
+
+
+def _by_attempt(points: list[dict[str, Any]], *, x: str = "time",
+                y: str = "steps_per_s") -> list[tuple[str, list[Any], list[Any]]]:
+    """``(name, xs, ys)`` per curve: one per attempt, or, with more than
+    :data:`MAX_TRACES` attempts, attempts ``a`` with the same ``a % MAX_TRACES`` in one,
+    each attempt's points apart (``None`` between two attempts: a gap)."""
+    per: dict[int, list[dict[str, Any]]] = {}
+    for p in points:
+        per.setdefault(p["attempt"], []).append(p)
+    shared = len(per) > MAX_TRACES
+    out: dict[int, tuple[list[int], list[Any], list[Any]]] = {}
+    for a in sorted(per):
+        names, xs, ys = out.setdefault(a % MAX_TRACES if shared else a, ([], [], []))
+        if xs:
+            xs.append(None)
+            ys.append(None)
+        names.append(a)
+        xs += [p[x] for p in per[a]]
+        ys += [p[y] for p in per[a]]
+    return [((f"attempt {names[0]}" if len(names) == 1
+              else f"attempts {names[0]}, {names[1]}, ... (every {MAX_TRACES}th)"), xs, ys)
+            for names, xs, ys in out.values()]
+
+
 def _restart_label(r: dict[str, Any]) -> str:
     cost = f", {r['cost_s']:.1f} s" if r.get("cost_s") is not None else ""
     back = f", back to step {r['restored_step']}" if r.get("restored_step") is not None else ""
@@ -175,16 +209,22 @@ def metric_figure(data: dict[str, Any]) -> Any:
     go, _ = _plotly()
     fig = go.Figure()
     metric = data["metric"]
-    for s in metric["series"]:
-        fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]],
-                                 mode="lines+markers", marker={"size": 4},
-                                 name=f"attempt {s['attempt']}"))
+    points = [{"attempt": s["attempt"], "x": p[0], "y": p[1]} for s in metric["series"]
+              for p in s["points"]]
+    for name, xs, ys in _by_attempt(points, x="x", y="y"):
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", marker={"size": 4}, name=name))
+    lines, notes = [], []  # one layout update: add_vline each is quadratic in the restarts
     for r in data["restarts"]:
         if r.get("restored_step") is not None:
-            fig.add_vline(x=r["restored_step"], line_dash="dash", line_color="#d62728",
-                          annotation_text=html.escape(f"restart ({r['cause']}): back to step "
-                          f"{r['restored_step']}, {r['replayed_steps']} step(s) replayed"),
-                          annotation_position="top left")
+            lines.append({"type": "line", "xref": "x", "yref": "y domain", "x0": r["restored_step"],
+                          "x1": r["restored_step"], "y0": 0, "y1": 1,
+                          "line": {"dash": "dash", "color": "#d62728"}})
+            notes.append({"xref": "x", "yref": "y domain", "x": r["restored_step"], "y": 1,
+                          "xanchor": "right", "yanchor": "top", "showarrow": False,
+                          "text": html.escape(f"restart ({r['cause']}): back to step "
+                                              f"{r['restored_step']}, {r['replayed_steps']} "
+                                              "step(s) replayed")})
+    fig.update_layout(shapes=lines, annotations=notes)
     fig.update_layout(height=360, margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       xaxis_title="step", yaxis_title=html.escape(str(metric["name"])))
     return fig

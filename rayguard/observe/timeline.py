@@ -11,16 +11,17 @@ steps x the mean step time.
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayguard.observe.causes import FAILURE_KINDS, failure_cause
 from rayguard.observe.table import one_line
+from rayguard.observe.thinning import MAX_POINTS, thin
 
-MAX_POINTS = 4000
-"""Points per curve in the report (longer series are thinned evenly, keeping the ends): a
-week-long run draws as fast as a short one."""
+if TYPE_CHECKING:
+    from rayguard.observe.digest import LogDigest
+
+__all__ = ["FAULT_KINDS", "MAX_POINTS", "build_run", "build_run_digest", "build_sweep", "thin"]
 
 FAULT_KINDS = {"worker_died": "died", "stall_detected": "hang", "nan_detected": "nan",
                "diverged": "nan",
@@ -43,7 +44,19 @@ def _number(value: Any) -> float | None:
 
 
 def build_run(events: list[dict[str, Any]], metric: str | None = None) -> dict[str, Any]:
-    """The report's data for a run's events (oldest first; unknown kinds are ignored)."""
+    """The report's data for a run's events (unknown kinds are ignored)."""
+    from rayguard.observe.digest import LogDigest
+
+    return build_run_digest(LogDigest.of(events, metric), metric)
+
+
+def build_run_digest(digest: LogDigest, metric: str | None = None) -> dict[str, Any]:
+    """The report's data from a digest of the run's log (:mod:`rayguard.observe.digest`):
+    step summaries are read from its curves and figures, every other event from its
+    events."""
+    events, series = digest.events(), digest.series
+    if series is None:
+        raise ValueError("build_run_digest needs a digest with curves (LogDigest(curves=True))")
     if not events:
         return {"kind": "run", "empty": True, "summary": {}, "attempts": [], "restarts": [],
                 "checkpoints": [], "faults": [], "world_size": [], "throughput": [],
@@ -54,39 +67,17 @@ def build_run(events: list[dict[str, Any]], metric: str | None = None) -> dict[s
         a = _int(e.get("attempt"))
         if a is not None:
             by_attempt[a].append(e)
-    steps = [e for e in events if e.get("kind") == "steps"]
-    metric = metric or next((e["metric"] for e in steps
-                             if isinstance(e.get("metric"), str) and e["metric"]), None) or "loss"
     attempts = _attempts(events, by_attempt, t0)
-    restarts = _restarts(events, by_attempt, steps, t0)
-    checkpoints = _checkpoints(events, t0)
+    restarts = _restarts(events, by_attempt, series.reached, t0)
     data = {
         "kind": "run", "empty": False, "t0": t0, "attempts": attempts, "restarts": restarts,
-        "checkpoints": checkpoints, "faults": _faults(events, t0),
+        "checkpoints": _checkpoints(events, t0), "faults": _faults(events, t0),
         "world_size": [[a["start"], a["world_size"]] for a in attempts if a["world_size"]],
-        "throughput": _throughput(steps, t0), "metric": _metric(steps, metric),
-        "counts": _counts(events),
+        "throughput": series.throughput(t0),
+        "metric": series.metric(metric or series.metric_name()), "counts": digest.counts(),
     }
-    data["summary"] = _summary(events, data, steps, t0)
+    data["summary"] = _summary(events, data, series.mean_step_s(), t0)
     return data
-
-
-def thin(points: list[Any], max_points: int = MAX_POINTS) -> list[Any]:
-    """Every k-th point so that at most ``max_points`` remain (the last one is kept)."""
-    if len(points) <= max_points:
-        return points
-    stride = -(-len(points) // max_points)
-    out = points[::stride]
-    if out[-1] is not points[-1]:
-        out.append(points[-1])
-    return out
-
-
-def _counts(events: list[dict[str, Any]]) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for e in events:
-        out[str(e.get("kind"))] += 1
-    return dict(out)
 
 
 def _attempts(events, by_attempt, t0) -> list[dict[str, Any]]:
@@ -112,17 +103,17 @@ def _attempts(events, by_attempt, t0) -> list[dict[str, Any]]:
     return out
 
 
-def _reached(evs: list[dict[str, Any]]) -> int | None:
-    """The highest step an attempt is known to have reached (step summaries, checkpoints,
-    failure events). Steps reported after the last summary of a killed rank are not known,
-    so replayed steps are a lower bound."""
+def _reached(evs: list[dict[str, Any]], summaries: int | None) -> int | None:
+    """The highest step an attempt is known to have reached (its step summaries:
+    ``summaries``; checkpoints, failure events). Steps reported after the last summary of a
+    killed rank are not known, so replayed steps are a lower bound."""
     candidates = [_int(e.get("last_step")) for e in evs if e.get("kind") == "steps"]
     candidates += [_int(e.get("step")) for e in evs if e.get("kind") != "restored"]
-    found = [c for c in candidates if c is not None]
+    found = [c for c in [*candidates, summaries] if c is not None]
     return max(found) if found else None
 
 
-def _restarts(events, by_attempt, steps, t0) -> list[dict[str, Any]]:
+def _restarts(events, by_attempt, reached_by_attempt, t0) -> list[dict[str, Any]]:
     out = []
     for e in events:
         if e.get("kind") != "restart":
@@ -137,7 +128,7 @@ def _restarts(events, by_attempt, steps, t0) -> list[dict[str, Any]]:
                    if first_steps else None)
         restored = next((r for r in nxt if r.get("kind") == "restored"), None)
         restored_step = _int(restored.get("step")) if restored else None
-        reached = _reached(failed)
+        reached = _reached(failed, reached_by_attempt.get(a) if a is not None else None)
         # steps done again = from the first step the next attempt reported up to the highest
         # step the failed one is known to have reached
         restart_step = _int(first_steps[0].get("first_step")) if first_steps else None
@@ -204,57 +195,7 @@ def _stacks(event: dict[str, Any]) -> Any:
     return {str(r): str(p) for r, p in stacks.items() if str(r) in culprits and p}
 
 
-def _lead_rank(steps: list[dict[str, Any]]) -> dict[int, int]:
-    """Per attempt, the lowest rank that sent summaries (its curve stands for the run)."""
-    lead: dict[int, int] = {}
-    for s in steps:
-        a, r = _int(s.get("attempt")), _int(s.get("rank"))
-        if a is not None and r is not None and (a not in lead or r < lead[a]):
-            lead[a] = r
-    return lead
-
-
-def _throughput(steps, t0) -> list[dict[str, Any]]:
-    lead = _lead_rank(steps)
-    prev: dict[int, tuple[float, int]] = {}
-    out = []
-    for s in steps:
-        a = _int(s.get("attempt"))
-        if a is None or _int(s.get("rank")) != lead.get(a) or _int(s.get("last_step")) is None:
-            continue
-        t, last = _t(s), int(s["last_step"])
-        if a in prev and t > prev[a][0]:
-            out.append({"time": t - t0, "attempt": a,
-                        "steps_per_s": max(last - prev[a][1], 0) / (t - prev[a][0])})
-        prev[a] = (t, last)
-    return thin(out)
-
-
-def _metric(steps, name) -> dict[str, Any]:
-    lead = _lead_rank(steps)
-    series: dict[int, list[Any]] = defaultdict(list)
-    for s in steps:
-        a = _int(s.get("attempt"))
-        samples = s.get("samples")
-        if (a is None or not samples or _int(s.get("rank")) != lead.get(a)
-                or s.get("metric") != name or not isinstance(samples, list)):
-            continue
-        series[a].extend(samples)
-    total = sum(len(p) for p in series.values()) or 1
-    out = []
-    for a, pts in sorted(series.items()):
-        kept = thin(pts, max(200, MAX_POINTS * len(pts) // total))
-        out.append({"attempt": a, "points": [
-            [p[0], _number(p[1])] for p in kept
-            if isinstance(p, (list, tuple)) and len(p) == 2 and _number(p[0]) is not None]})
-    return {"name": name, "series": out}
-
-
-def _summary(events, data, steps, t0) -> dict[str, Any]:
-    step_means = [float(s["step_time_sum_s"]) / s["intervals"] for s in steps
-                  if _int(s.get("intervals")) is not None and s["intervals"] > 0
-                  and _number(s.get("step_time_sum_s")) is not None]
-    mean_step = statistics.fmean(step_means) if step_means else 0.0
+def _summary(events, data, mean_step, t0) -> dict[str, Any]:
     restarts = data["restarts"]
     replayed = sum(r["replayed_steps"] for r in restarts)
     lost = sum((r["cost_s"] or 0.0) + r["detection_s"] for r in restarts) + replayed * mean_step
@@ -303,3 +244,10 @@ def build_sweep(events: list[dict[str, Any]]) -> dict[str, Any]:
                 str(kind), "failed")
     return {"kind": "sweep", "t0": t0, "wall_s": (_t(events[-1]) - t0) if events else 0.0,
             "trials": sorted(trials.values(), key=lambda r: r["started"]), "counts": _counts(events)}
+
+
+def _counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for e in events:
+        out[str(e.get("kind"))] += 1
+    return dict(out)

@@ -383,11 +383,9 @@ class GuardedTrainFn:
                  faults: tuple[Fault, ...], inner: Any) -> WorkerSession:
         """The ranks' agreement, the preemption watch, the forwarding to Ray's own report
         (``inner``'s); the session from them."""
-        lost = None
-        if self.live and link.peers > 1:
-            from rayguard.train.live import peer_lost
+        from rayguard.train.live import peer_lost
 
-            lost = peer_lost(link)
+        lost = peer_lost(link) if self.live and link.peers > 1 else None
         agreement = make_agreement(link.peers, link.gather, watchdog.heartbeat, lost)
         forwarder = Forwarder()
         preemption = watch_preemption(link, agreement, stop=watchdog.stop,
