@@ -22,6 +22,12 @@ from rayguard.observe.straggler import StragglerDetector, describe, verdict_fiel
 
 logger = logging.getLogger("rayguard")
 
+JUDGE_EVERY_S = 1.0
+"""How often the straggler rule is judged once the run has :data:`JUDGE_ALWAYS_BELOW` ranks
+or more (each judgement is O(N log N); a 16,384-rank run's nodes send 2,048 batches a
+second). Smaller runs are judged on every summary, as before."""
+JUDGE_ALWAYS_BELOW = 64
+
 
 class RunObserver:
     def __init__(self, run: str, *, straggler_threshold: float | None = 1.5,
@@ -32,6 +38,8 @@ class RunObserver:
         self._rejected_since_restore = 0
         self._lock = threading.Lock()
         self.goodput = GoodputMeter()
+        self._scores: dict[int, float] = {}
+        self._judged = float("-inf")
 
     # -- events ----------------------------------------------------------------------------
     def annotate(self, event: dict[str, Any]) -> None:
@@ -88,8 +96,12 @@ class RunObserver:
                     step_time_sum_s=float(summary.get("step_time_sum_s", 0.0)),
                     node=summary.get("node"), gpu_ids=tuple(summary.get("gpu_ids") or ()),
                     first_time=summary.get("first_time"), judge=False)
-            verdicts = self.detector.judge(now)
-            scores = self.detector.scores()
+            mono = time.monotonic()
+            verdicts = []
+            if self.detector.ranks() < JUDGE_ALWAYS_BELOW or mono - self._judged >= JUDGE_EVERY_S:
+                verdicts = self.detector.judge(now)
+                self._scores, self._judged = self.detector.scores(), mono
+            scores = self._scores
         events = [self._steps_event(s, scores.get(int(s.get("rank", -1)))) for s in batch]
         if merge and len(events) > 1:
             lead = min(events, key=lambda e: e["rank"])
@@ -103,6 +115,11 @@ class RunObserver:
                                      step=last.get("last_step"),
                                      attempt=int(last.get("attempt") or 0), **verdict_fields(v)))
         return events
+
+    def states(self) -> dict[int, tuple[float | None, bool, str | None]]:
+        """Every rank's ``(score, flagged, node)`` as last judged (the eviction's input)."""
+        with self._lock:
+            return self.detector.states(self._scores)
 
     def _steps_event(self, summary: dict[str, Any], score: float | None) -> dict[str, Any]:
         rank = int(summary.get("rank", -1))

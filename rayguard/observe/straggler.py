@@ -82,9 +82,15 @@ class StragglerDetector:
         return {rank: (means[rank] / median if median > 0 else 1.0)
                 for rank, median in medians.items()}
 
-    def states(self) -> dict[int, tuple[float | None, bool, str | None]]:
-        """Every rank's ``(score, flagged, node)`` now (the straggler eviction's input)."""
-        scores = self.scores()
+    def ranks(self) -> int:
+        """How many ranks this attempt's window holds."""
+        return len(self._ranks)
+
+    def states(self, scores: dict[int, float] | None = None
+               ) -> dict[int, tuple[float | None, bool, str | None]]:
+        """Every rank's ``(score, flagged, node)`` now (the straggler eviction's input;
+        ``scores``: already computed)."""
+        scores = self.scores() if scores is None else scores
         return {rank: (scores.get(rank), state.flagged, state.node)
                 for rank, state in self._ranks.items()}
 

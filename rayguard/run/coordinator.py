@@ -353,7 +353,7 @@ class RunCoordinator(MemoryHost):
         for event in self._observer.on_summaries(batch, merge=len(batch) > 1):
             self.record(event)
         if self._fence.eviction is not None:
-            ranks = {r: RankScore(*s) for r, s in self._observer.detector.states().items()}
+            ranks = {r: RankScore(*s) for r, s in self._observer.states().items()}
             last = batch[-1]
             now = float(last.get("time") or time.time())
             for event in self._fence.on_scores(int(last.get("attempt") or 0), now, ranks):
