@@ -7,7 +7,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup quickstart test test-oldest-ray lint bench
+.PHONY: setup quickstart test test-oldest-ray test-newest-torch lint bench
 # First run: creates .venv and installs torch (CPU build), Ray and the test tools; pip's
 # progress is shown. Later runs skip this step (the stamp file is newer than its inputs).
 $(BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
@@ -50,6 +50,26 @@ test-oldest-ray: $(OLD_BIN)/.rayguard-setup
 	$(OLD_BIN)/python -c "import ray; assert ray.__version__ == '$(OLDEST_RAY)', ray.__version__"
 	$(OLD_BIN)/python -m pytest tests/unit -n auto
 	$(OLD_BIN)/python -m pytest tests/ray -m compat
+
+# The newest torch tried (docs/compatibility.md#torch-versions): unit tests plus the `compat`
+# end-to-end set in a venv of its own, torch==$(NEWEST_TORCH) in place of the pinned 2.13.
+# By hand only, NOT called from .ci/run: CI's suite is already over its time. Downloads
+# torch (hundreds of MB for the CPU build, GBs where the registry serves the CUDA one).
+NEWEST_TORCH ?= 2.15.0
+NEW_TORCH_VENV := .venv-torch$(NEWEST_TORCH)
+NEW_TORCH_BIN := $(NEW_TORCH_VENV)/bin
+$(NEW_TORCH_BIN)/.rayguard-setup: pyproject.toml
+	@echo "== creating $(NEW_TORCH_VENV): torch $(NEWEST_TORCH), Ray as pyproject allows =="
+	$(PY) -m venv $(NEW_TORCH_VENV)
+	$(NEW_TORCH_BIN)/python -m pip install -q --upgrade pip
+	$(NEW_TORCH_BIN)/python -m pip install -q "torch==$(NEWEST_TORCH)"
+	$(NEW_TORCH_BIN)/python -m pip install -q -e ".[test]" "torch==$(NEWEST_TORCH)"
+	touch $@
+
+test-newest-torch: $(NEW_TORCH_BIN)/.rayguard-setup
+	$(NEW_TORCH_BIN)/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(NEWEST_TORCH)', v"
+	$(NEW_TORCH_BIN)/python -m pytest tests/unit -n auto
+	$(NEW_TORCH_BIN)/python -m pytest tests/ray -m compat
 
 lint: setup
 	$(BIN)/ruff check rayguard tests examples

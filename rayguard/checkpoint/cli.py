@@ -115,6 +115,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         signed = f", signed with key {m.key_id}" if m.key_id else ""
         print(f"OK {inert(report.path)}: step {m.step}, {len(m.files)} files, "
               f"{_human(m.size_bytes)}, {short_name(m.hash_scheme)} verified{signed}{source}")
+        for n in report.notes:  # e.g. written by another torch: kept, not corrupt
+            print(f"  note: {inert(n.file)}: {inert(n.what)}")
     else:
         print(f"CORRUPT {inert(report.path)}:")
         for p in report.problems:

@@ -14,6 +14,10 @@ This module is the one place rayguard reads DCP files:
   checkpoint: the metadata check above, plus every non-tensor value loaded with
   ``torch.load(weights_only=True)``, so a checkpoint that needs code to load is reported
   invalid and the normal fallback takes the next older one;
+* a ``.metadata`` whose bytes match the manifest but do not parse under this torch, when the
+  manifest records another torch release, raises
+  :class:`~rayguard.checkpoint.torch_compat.CheckpointVersionError` (another torch wrote it:
+  not corrupt, never rejected) instead of the refusal above;
 * :class:`SafeReader` and :class:`SafePlanner` are what ``load_state(sharded=...)`` hands to
   ``dcp.load``: the same metadata check on the bytes whose digest it compares with the
   manifest at the moment of reading, no rank-local ``__<rank>.metadata`` fallback (a file no
@@ -42,6 +46,11 @@ from rayguard.checkpoint.dcp_layout import DCP_DIR, DCP_METADATA, owner_of
 from rayguard.checkpoint.fsio import read_bounded
 from rayguard.checkpoint.hashing import digest_bytes
 from rayguard.checkpoint.manifest import FileRecord, Manifest, resolve_inside
+from rayguard.checkpoint.torch_compat import (
+    CheckpointVersionError,
+    running_torch,
+    version_mismatch,
+)
 from rayguard.exceptions import CheckpointCorruptError
 
 MAX_METADATA_BYTES = 1 << 30
@@ -81,15 +90,22 @@ def _refuse(where: str, what: str) -> CheckpointCorruptError:
     return CheckpointCorruptError(f"{where}: {what}; refusing to load this DCP checkpoint")
 
 
-def load_metadata(data: bytes, where: str, data_files: dict[str, int]) -> Any:
+def load_metadata(data: bytes, where: str, data_files: dict[str, int],
+                  written_by: str | None = None) -> Any:
     """Unpickle DCP metadata (restricted) and check it; ``data_files``: the DCP data files the
-    manifest lists, name -> size. Raises CheckpointCorruptError for anything else."""
+    manifest lists, name -> size. Raises CheckpointCorruptError for anything else, or
+    CheckpointVersionError when it does not parse and ``written_by`` (the torch version the
+    manifest records) is another release than this torch's."""
     try:
         md = _MetadataUnpickler(data, where).load()
     except CheckpointCorruptError:
         raise
     except Exception as exc:  # UnpicklingError, EOFError, TypeError, ...: not metadata
-        raise _refuse(where, f"not a DCP metadata file ({type(exc).__name__}: {str(exc)[:200]})") from None
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        other_torch = version_mismatch(written_by, running_torch(), error)
+        if other_torch is not None:
+            raise CheckpointVersionError(f"{where}: {other_torch}") from None
+        raise _refuse(where, f"not a DCP metadata file ({error})") from None
     if type(md) is not dcp_md.Metadata:
         raise _refuse(where, f"holds a {type(md).__name__}, not DCP Metadata")
     if not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
@@ -131,7 +147,8 @@ def metadata_record(manifest: Manifest) -> FileRecord | None:
 
 def read_verified_metadata(checkpoint_dir: str | os.PathLike[str], manifest: Manifest) -> Any:
     """Read ``dcp/.metadata`` once, compare its digest with the manifest, then
-    :func:`load_metadata` exactly those bytes. Raises CheckpointCorruptError."""
+    :func:`load_metadata` exactly those bytes. Raises CheckpointCorruptError, or
+    CheckpointVersionError for metadata another torch wrote and this one cannot parse."""
     record = metadata_record(manifest)
     if record is None:
         raise CheckpointCorruptError(f"{checkpoint_dir}: its manifest lists no {DCP_DIR}/"
@@ -142,7 +159,7 @@ def read_verified_metadata(checkpoint_dir: str | os.PathLike[str], manifest: Man
             or digest_bytes(data, scheme=record.scheme)[0] != record.digest):
         raise CheckpointCorruptError(f"{path}: does not match the manifest's size and digest "
                                      "(changed after the save)")
-    return load_metadata(data, str(path), _data_files(manifest))
+    return load_metadata(data, str(path), _data_files(manifest), manifest.torch_version)
 
 
 def read_unlisted_metadata(checkpoint_dir: str | os.PathLike[str]) -> Any:
@@ -169,7 +186,10 @@ def _read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
 def check_dcp(checkpoint_dir: str | os.PathLike[str], manifest: Manifest) -> list[tuple[str, str]]:
     """What :func:`~rayguard.checkpoint.verify.verify` adds for a sharded checkpoint whose
     files hashed correctly: (file, problem) for a metadata file that needs code to load or
-    points outside the manifest, and for a non-tensor value ``weights_only`` refuses."""
+    points outside the manifest, and for a non-tensor value ``weights_only`` refuses.
+    Raises CheckpointVersionError when another torch wrote the metadata and this one cannot
+    parse it (not a problem of the checkpoint: :func:`~rayguard.checkpoint.verify.verify`
+    reports it as a note)."""
     where = f"{DCP_DIR}/{DCP_METADATA}"
     try:
         md = read_verified_metadata(checkpoint_dir, manifest)
@@ -211,16 +231,21 @@ class SafeReader(FileSystemReader):
         self._checkpoint_dir = checkpoint_dir
         self._manifest = manifest
         self.refusal: CheckpointCorruptError | None = None
+        self.version_error: CheckpointVersionError | None = None
+        """Set when another torch wrote the metadata and this one cannot parse it."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("rank") is not None:  # DCP's fallback after the global one failed
-            raise self.refusal or CheckpointCorruptError(
+            raise self.refusal or self.version_error or CheckpointCorruptError(
                 f"{self._checkpoint_dir}: refusing rank-local DCP metadata (no manifest covers it)")
         try:
             md = (read_unlisted_metadata(self._checkpoint_dir) if self._manifest is None
                   else read_verified_metadata(self._checkpoint_dir, self._manifest))
         except CheckpointCorruptError as exc:
             self.refusal = exc
+            raise
+        except CheckpointVersionError as exc:  # not corrupt: the load fails, nothing rejected
+            self.version_error = exc
             raise
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = dcp_md.StorageMeta()

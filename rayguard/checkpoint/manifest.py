@@ -68,6 +68,15 @@ class Manifest:
     not checked, no key set; :mod:`rayguard.checkpoint.auth`)."""
 
     @property
+    def torch_version(self) -> str | None:
+        """The torch release that wrote the checkpoint (:func:`release_of` of the recorded
+        version), or None when the manifest records none."""
+        recorded = self.versions.get("torch")
+        if not isinstance(recorded, str) or recorded in ("", "not installed"):
+            return None
+        return release_of(recorded)
+
+    @property
     def ranks(self) -> list[int]:
         return sorted({f.rank for f in self.files})
 
@@ -139,7 +148,17 @@ def dumps_document(doc: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}"
 
 
+def release_of(version: str) -> str:
+    """``version`` without its local label: ``2.15.0+cu132`` -> ``2.15.0``. The manifest
+    records each library's package metadata as is (``2.15.0`` from a default torch wheel,
+    ``2.13.0+cpu`` from the CPU index; ``torch.__version__`` says ``2.15.0+cu132`` for the
+    former); versions are compared in this form, which both share."""
+    return version.strip().split("+", 1)[0]
+
+
 def library_versions() -> dict[str, str]:
+    """The versions a manifest records, as their package metadata says (compare them with
+    :func:`release_of`)."""
     out = {"python": platform.python_version()}
     for dist in ("torch", "ray", "rayguard", "numpy"):
         try:

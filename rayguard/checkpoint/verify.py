@@ -20,6 +20,7 @@ from rayguard.checkpoint.manifest import (
     resolve_inside,
 )
 from rayguard.checkpoint.schemes import short_name
+from rayguard.checkpoint.torch_compat import CheckpointVersionError
 from rayguard.exceptions import CheckpointCorruptError
 
 
@@ -39,6 +40,10 @@ class VerifyReport:
     manifest: Manifest | None
     files_hashed: int = 0
     bytes_hashed: int = 0
+    notes: tuple[Problem, ...] = ()
+    """Not problems (``ok`` stays true): what this process cannot do with a checkpoint that
+    verified, e.g. a DCP part another torch wrote and this torch cannot read
+    (:mod:`rayguard.checkpoint.torch_compat`); loading it here fails, naming the fix."""
 
     @property
     def ok(self) -> bool:
@@ -46,7 +51,8 @@ class VerifyReport:
 
     def describe(self) -> str:
         if self.ok:
-            return f"{self.path}: ok ({self.files_hashed} files, {self.bytes_hashed} bytes hashed)"
+            return (f"{self.path}: ok ({self.files_hashed} files, {self.bytes_hashed} bytes "
+                    "hashed)" + "".join(f"; note: {n.file}: {n.what}" for n in self.notes))
         return f"{self.path}: " + "; ".join(f"{p.file}: {p.what}" for p in self.problems)
 
     def to_dict(self) -> dict[str, object]:
@@ -60,6 +66,7 @@ class VerifyReport:
             "size_bytes": m.size_bytes if m else None,
             "files_hashed": self.files_hashed,
             "bytes_hashed": self.bytes_hashed,
+            "notes": [{"file": n.file, "what": n.what} for n in self.notes],
         }
 
 
@@ -91,6 +98,8 @@ def verify(
     digest (the manifest's scheme) matches. ``ranks`` limits hashing to those ranks' files (sizes are still checked
     for all), so a rank can verify just what it will load; ``only`` (given the manifest,
     the paths to hash) does the same by path, so ranks can split a checkpoint's hashing.
+    A DCP part another torch wrote, which this torch cannot parse, is a note, not a problem
+    (:mod:`rayguard.checkpoint.torch_compat`).
     """
     root = Path(directory)
     try:
@@ -117,27 +126,35 @@ def verify(
             problems.append(Problem(record.path, describe_digest_mismatch(record, *result)))
         else:
             verified.add(record.path)
-    problems += _check_sharded_part(root, manifest, verified)
+    sharded_problems, notes = _check_sharded_part(root, manifest, verified)
     return VerifyReport(
         str(root),
-        tuple(problems),
+        tuple(problems + sharded_problems),
         manifest,
         files_hashed=len(to_hash),
         bytes_hashed=sum(r.size_bytes for r, _ in to_hash),
+        notes=notes,
     )
 
 
-def _check_sharded_part(root: Path, manifest: Manifest, verified: set[str]) -> list[Problem]:
-    """For a checkpoint with a DCP part whose ``.metadata`` this call hashed: what
-    :func:`~rayguard.checkpoint.dcp_safe.check_dcp` finds (metadata or non-tensor values that
-    would run code when loaded, storage entries outside the manifest's files)."""
+def _check_sharded_part(root: Path, manifest: Manifest,
+                        verified: set[str]) -> tuple[list[Problem], tuple[Problem, ...]]:
+    """For a checkpoint with a DCP part whose ``.metadata`` this call hashed: (problems,
+    notes). Problems are what :func:`~rayguard.checkpoint.dcp_safe.check_dcp` finds (metadata
+    or non-tensor values that would run code when loaded, storage entries outside the
+    manifest's files); the note, a DCP part another torch wrote and this one cannot read
+    (kept, never rejected: :mod:`rayguard.checkpoint.torch_compat`)."""
     from rayguard.checkpoint.dcp_layout import DCP_DIR, DCP_METADATA
 
-    if f"{DCP_DIR}/{DCP_METADATA}" not in verified:
-        return []
+    where = f"{DCP_DIR}/{DCP_METADATA}"
+    if where not in verified:
+        return [], ()
     from rayguard.checkpoint.dcp_safe import check_dcp  # imports torch
 
-    return [Problem(file, what) for file, what in check_dcp(root, manifest)]
+    try:
+        return [Problem(file, what) for file, what in check_dcp(root, manifest)], ()
+    except CheckpointVersionError as exc:
+        return [], (Problem(where, str(exc)),)
 
 
 def plain_file(real_root: str, rel: str) -> tuple[str, os.stat_result] | None:

@@ -18,6 +18,7 @@ from rayguard.checkpoint import (
     write_shard,
 )
 from rayguard.checkpoint.hashing import digest_bytes
+from rayguard.checkpoint.manifest import release_of
 from rayguard.exceptions import CheckpointError
 
 
@@ -33,7 +34,7 @@ def test_each_rank_reads_its_own_shard(tmp_path: Path) -> None:
     _save_ranks(final, {r: {"rank": r, "w": torch.full((100,), float(r))} for r in range(3)}, 3, 12)
     manifest = read_manifest(final)
     assert (manifest.step, manifest.world_size, manifest.ranks) == (12, 3, [0, 1, 2])
-    assert manifest.metadata == {"run": "r1"} and manifest.versions["torch"] == torch.__version__
+    assert manifest.metadata == {"run": "r1"} and manifest.torch_version == release_of(torch.__version__)
     for r in range(3):
         state = read_shard(final, r)
         assert state["rank"] == r and torch.all(state["w"] == r)
