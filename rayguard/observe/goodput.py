@@ -87,6 +87,9 @@ class Goodput:
     not_measured: tuple[str, ...] = ()
     replayed_steps: int = 0
     restarts: int = 0
+    step_unit: str = "step"
+    """What the steps count: the ``step_unit`` the events record (a ``ray.train.report``
+    loop's step key, e.g. ``"epoch"``, or ``"report"``), else ``"step"``."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-able)."""
@@ -325,7 +328,15 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
         notes.append("replayed steps' time (no measured step time): counted as productive")
     wall = t_end - t0
     return Goodput(wall, productive, productive / wall if wall > 0 else None, total, phases_total,
-                   tuple(rows), tuple(dict.fromkeys(notes)), replayed, max(len(attempts) - 1, 0))
+                   tuple(rows), tuple(dict.fromkeys(notes)), replayed, max(len(attempts) - 1, 0),
+                   step_unit_of(evs))
+
+
+def step_unit_of(events: Iterable[dict[str, Any]]) -> str:
+    """What a run's steps count: the last ``step_unit`` its events record (``restored``,
+    ``checkpoint_committed``), else ``"step"``."""
+    units = [u for e in events if isinstance(u := e.get("step_unit"), str) and u]
+    return units[-1] if units else "step"
 
 
 def _ready(a: _Attempt, end: float | None, has_steps: bool, notes: list[str]) -> float | None:

@@ -10,18 +10,37 @@ CAUSE_WORDS = {"startup": "start-up (Ray, the workers, set-up, before the first 
 """How the headline names a cause of badput."""
 
 
+UNIT_NOUNS = {"step": "step", "global_step": "step", "training_iteration": "iteration",
+              "iteration": "iteration", "epoch": "epoch", "report": "report"}
+"""The noun of each step unit (a ``ray.train.report`` loop's step key, or ``"report"``)."""
+
+
+def noun(unit: str) -> str:
+    """The noun of a step unit: ``"epoch"`` for ``epoch``, ``"step"`` for ``global_step``;
+    an unknown unit reads as a step."""
+    return UNIT_NOUNS.get(unit, "step")
+
+
+def counted(n: int, unit: str = "step") -> str:
+    """``n`` of ``unit`` in words: ``"3 epochs"``, ``"1 step"``, ``"2 reports"``."""
+    return f"{n} {noun(unit)}{'s' if n != 1 else ''}"
+
+
 def headline(g: Goodput) -> str:
     """``goodput 0.68 (61.0 s productive of 90.0 s, 1 restart, 26 steps replayed; most of
     the rest: restarts 20.1 s)``: the largest cause of badput named, so that a short healthy
-    run's low figure reads as its start-up, not as a failure."""
+    run's low figure reads as its start-up, not as a failure. The replay is counted in the
+    run's step unit (``3 epochs replayed``)."""
     if g.ratio is None:
         return "goodput not measured (no events)"
     text = (f"goodput {g.ratio:.2f} ({g.productive_s:.1f} s productive of {g.wall_s:.1f} s, "
-            f"{g.restarts} restart{'s' if g.restarts != 1 else ''}, {g.replayed_steps} "
-            f"step{'s' if g.replayed_steps != 1 else ''} replayed")
+            f"{g.restarts} restart{'s' if g.restarts != 1 else ''}, "
+            f"{counted(g.replayed_steps, g.step_unit)} replayed")
     cause = largest_cause(g)
     if cause is not None:
-        text += f"; most of the rest: {CAUSE_WORDS.get(cause, cause)} {g.badput_s[cause]:.1f} s"
+        words = f"replayed {noun(g.step_unit)}s" if cause == "replay" else CAUSE_WORDS.get(
+            cause, cause)
+        text += f"; most of the rest: {words} {g.badput_s[cause]:.1f} s"
     return text + ")"
 
 

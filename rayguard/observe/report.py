@@ -22,6 +22,7 @@ from rayguard.exceptions import RayGuardError
 from rayguard.health import quarantine_file
 from rayguard.observe.digest import digest_log
 from rayguard.observe.goodput import goodput
+from rayguard.observe.goodput_table import counted, noun
 from rayguard.observe.report_goodput import STYLE as GOODPUT_STYLE
 from rayguard.observe.report_goodput import goodput_section
 from rayguard.observe.report_quarantine import file_rows, quarantine_rows, quarantine_section
@@ -222,8 +223,9 @@ def metric_figure(data: dict[str, Any]) -> Any:
             notes.append({"xref": "x", "yref": "y domain", "x": r["restored_step"], "y": 1,
                           "xanchor": "right", "yanchor": "top", "showarrow": False,
                           "text": html.escape(f"restart ({r['cause']}): back to step "
-                                              f"{r['restored_step']}, {r['replayed_steps']} "
-                                              "step(s) replayed")})
+                                              f"{r['restored_step']}, "
+                                              f"{counted(r['replayed_steps'], _unit(data))} "
+                                              "replayed")})
     fig.update_layout(shapes=lines, annotations=notes)
     fig.update_layout(height=360, margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       xaxis_title="step", yaxis_title=html.escape(str(metric["name"])))
@@ -239,7 +241,12 @@ def _fmt_bytes(n: float) -> str:
     return str(n)
 
 
-def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+def _unit(data: dict[str, Any]) -> str:
+    """What the run's steps count (the goodput's ``step_unit``: ``"epoch"``, else steps)."""
+    return str((data.get("goodput") or {}).get("step_unit") or "step")
+
+
+def summary_rows(s: dict[str, Any], unit: str = "step") -> list[tuple[str, str]]:
     causes = ", ".join(f"{k}: {v}" for k, v in sorted(s.get("restarts_by_cause", {}).items()))
     return [
         ("outcome", str(s.get("outcome"))),
@@ -247,7 +254,8 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("attempts", str(s.get("attempts"))),
         ("restarts", f"{s.get('restarts')}" + (f" ({causes})" if causes else "")),
         ("time lost to failures", f"{s.get('time_lost_s', 0):.1f} s (detection + restart + "
-         f"{s.get('replayed_steps', 0)} replayed step(s) x {s.get('mean_step_s', 0) * 1e3:.1f} ms)"),
+         f"{counted(s.get('replayed_steps', 0), unit)} replayed x "
+         f"{s.get('mean_step_s', 0) * 1e3:.1f} ms)"),
         ("checkpoints committed", str(s.get("checkpoints_committed"))),
         ("checkpoint blocked time", f"{s.get('checkpoint_blocked_s', 0):.2f} s (back-pressure "
          f"{s.get('checkpoint_backpressure_s', 0):.2f} s)"),
@@ -280,7 +288,9 @@ def _restart_table(data: dict[str, Any]) -> str:
                      f"{r['detection_s']:.1f} s", str(r["restored_step"]), str(r["replayed_steps"]),
                      "yes" if r["fallback"] else "no"])
     return _table(["failed attempt", "cause", "at", "cost (failure to first step)", "detection",
-                   "resumed from step", "replayed steps", "fallback"], rows, "restarts",
+                   f"resumed from {noun(_unit(data))}", f"replayed {noun(_unit(data))}s",
+                   "fallback"], rows,
+                  "restarts",
                   none="none: no attempt failed")
 
 
@@ -342,7 +352,8 @@ def _run_body(data: dict[str, Any]) -> str:
     metric = metric_figure(data).to_html(full_html=False, include_plotlyjs=False,
                                          div_id=METRIC_ELEMENT_ID)
     summary = _table(["", ""], [[html.escape(k), html.escape(v)]
-                                for k, v in summary_rows(data["summary"])], "summary")
+                                for k, v in summary_rows(data["summary"], _unit(data))],
+                     "summary")
     return "\n".join([
         goodput_section(data.get("goodput")) if "goodput" in data else "",
         "<h2>Summary</h2>", summary, "<h2>Timeline</h2>", timeline,

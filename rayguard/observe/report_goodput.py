@@ -7,6 +7,7 @@ import html
 from typing import Any
 
 from rayguard.observe.goodput import CAUSES, RESTART_PHASES
+from rayguard.observe.goodput_table import counted
 
 COLORS = {"productive": "#2ca02c", "startup": "#9ecae1", "restart": "#d62728",
           "replay": "#ff7f0e", "checkpoint": "#1f77b4", "stall": "#9467bd",
@@ -62,8 +63,9 @@ def goodput_section(g: dict[str, Any] | None) -> str:
         "<h2>Goodput</h2>",
         f"<p class='goodput-ratio'><b>goodput {float(g['ratio']):.2f}</b>: "
         f"{float(g['productive_s']):.1f} s of new steps in {wall:.1f} s of wall time, "
-        f"{int(g.get('restarts') or 0)} restart(s), {int(g.get('replayed_steps') or 0)} "
-        "step(s) replayed</p>",
+        f"{int(g.get('restarts') or 0)} restart(s), "
+        f"{counted(int(g.get('replayed_steps') or 0), str(g.get('step_unit') or 'step'))} "
+        "replayed</p>",
         badput_bar(g), table,
         f"<p>{html.escape(str(g['checkpoint_interval']))}</p>" if g.get("checkpoint_interval")
         else "",

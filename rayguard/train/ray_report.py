@@ -8,7 +8,11 @@ per-worker object (through :mod:`rayguard._ray.report`), so that:
 * **every report is progress**: a completed step for the watchdog (start-up bound until the
   first, stall bound after), the step timer, the driver's progress line and
   ``RobustTrainer.last_metrics``, exactly as ``rayguard.train.report``; the step is the
-  report's ``step``/``global_step``/``training_iteration`` metric, else one past the last;
+  report's first metric of :data:`STEP_KEYS`, else one past the last, counted across the
+  run: after ``get_checkpoint()`` the count goes on from the step sealed in the offered
+  checkpoint's manifest (every rank reads it from the one choice). The unit (the key found,
+  or ``"report"``) is recorded as ``step_unit`` on ``checkpoint_committed`` and
+  ``restored``, and the goodput's replay is worded in it ("3 epochs replayed");
 * **every report is checked**: ``HealthConfig.watch_metrics`` are checked for NaN/inf before
   Ray sees the report (``nan_detected``, then a restart or the end of the run by
   ``nan_policy``); injected faults fire at these reports too;
@@ -50,8 +54,8 @@ from rayguard.run.facts import loaded_key
 from rayguard.run.link import RunLink
 from rayguard.train.collective import Collective
 from rayguard.train.forwarder import Forwarder
-from rayguard.train.ray_seal import ReportSealer
-from rayguard.train.steps import resolve_step
+from rayguard.train.ray_seal import UNIT_FIELD, ReportSealer
+from rayguard.train.steps import resolve_step, resumed_last_step, step_unit
 from rayguard.train.store import CheckpointStore
 
 logger = logging.getLogger("rayguard")
@@ -59,9 +63,11 @@ logger = logging.getLogger("rayguard")
 STEP_KEYS = ("step", "global_step", "training_iteration", "epoch", "iteration")
 """Metrics read as a report's step, first found wins (Transformers and Lightning report
 ``step``; Ray Tune style loops ``training_iteration``; a loop written as Ray's docs write
-it, ``epoch``). Without any, a report is one past the last."""
+it, ``epoch``). Without any, a report is one past the last, counted across the run: a
+resume from the checkpoint sealed at step ``k`` continues at ``k + 1``."""
 
 CHOSEN_KEY = "ray-chosen:{attempt}"
+"""The choice of ``get_checkpoint()`` for one attempt: ``(path or "", sealed step)``."""
 
 _UNSET = object()
 
@@ -69,6 +75,12 @@ _UNSET = object()
 def report_step(metrics: dict[str, Any], last_step: int) -> int:
     """The step of a ``ray.train.report``: a step-like metric, else one past the last."""
     return resolve_step(None, metrics, None, last_step, keys=STEP_KEYS)
+
+
+def report_unit(metrics: dict[str, Any]) -> str:
+    """What the step of a ``ray.train.report`` counts: the first of :data:`STEP_KEYS` it
+    carries, else ``"report"``."""
+    return step_unit(metrics, STEP_KEYS)
 
 
 def local_directory(checkpoint: Any) -> str | None:
@@ -120,8 +132,13 @@ class RayReportBridge:
         self.inner = inner
         """Ray's own ``TrainFnUtils`` of this worker."""
         self.count = 0
+        self.unit: str | None = None
+        """The unit of the last report's step (:func:`report_unit`)."""
         self.sealer = ReportSealer(link, self._persisted)
         self._chosen: Any = _UNSET
+        self.sealed_step: int | None = None
+        """The step sealed in the checkpoint ``get_checkpoint()`` offers (``None``: none
+        offered, or it records none): where the count of reports goes on from."""
         self._offered: Any = _UNSET
         """After an in-place rollback of a ``ray.train.report`` loop: the checkpoint the
         next ``get_checkpoint()`` chooses from (``_UNSET``: Ray's own)."""
@@ -137,11 +154,13 @@ class RayReportBridge:
         observed, step = observer.observe(metrics, step=report_step(metrics, observer.last_step),
                                           defer_nan=self.in_place)
         self.count += 1
+        self.unit = report_unit(metrics)
         if self.in_place:  # nothing of a NaN report is sealed or reaches Ray
             observer.agree_finite(step)
         directory = local_directory(checkpoint)
         prepared = self.sealer.prepare(f"ray-report{self.count}", directory,
-                                       checkpoint_upload_mode, step, checkpoint_upload_fn)
+                                       checkpoint_upload_mode, step, checkpoint_upload_fn,
+                                       unit=self.unit)
         future = self.forwarder.submit(
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
             delete_local_checkpoint_after_upload, prepared.upload, validation)
@@ -160,14 +179,19 @@ class RayReportBridge:
         name = os.path.basename(str(path).rstrip("/")) if path else "?"
         self.link.record("checkpoint_committed", f"checkpoint {name} reported through "
                             "ray.train.report, sealed with a manifest", step=step, path=path,
-                            source="ray.train.report")
+                            source="ray.train.report", step_unit=self.unit)
 
     # -- get_checkpoint ---------------------------------------------------------------------
     def get_checkpoint(self) -> Any:
-        """The newest reported checkpoint that verifies (``None``: a fresh start)."""
+        """The newest reported checkpoint that verifies (``None``: a fresh start); the count
+        of reports without a step-like metric goes on from its sealed step."""
         if self._chosen is _UNSET:
             latest = self.inner.get_checkpoint() if self._offered is _UNSET else self._offered
+            self.sealed_step = None
             self._chosen = None if latest is None else self._agreed_choice(latest)
+            observer = self.observer
+            observer.last_step = resumed_last_step(self._chosen is not None, self.sealed_step,
+                                                   observer.last_step)
         return self._chosen
 
     def rolled_back(self, path: str | None, *, reported: bool = False) -> None:
@@ -200,22 +224,26 @@ class RayReportBridge:
                                                                              filesystem=fs)
 
     def _agreed_choice(self, latest: Any) -> Any:
+        """The checkpoint one rank chose for every rank; :attr:`sealed_step` the step sealed
+        in it (every rank reads both from the one answer: every rank counts on from the same
+        step)."""
         link = self.link
         key = CHOSEN_KEY.format(attempt=link.ctx.attempt)
         if link.claim(f"choose-{key}"):
-            path = self._choose(latest)
-            link.put(key, path or "")
+            path, step = self._choose(latest)
+            link.put(key, (path or "", step))
         else:
-            path = link.wait_for(key) or None
-        if path is None:
+            path, step = link.wait_for(key)
+        if not path:
             return None
+        self.sealed_step = step
         if os.path.realpath(path) == os.path.realpath(str(latest.path)):
             return latest
         from ray.train import Checkpoint
 
         return Checkpoint(path=path, filesystem=latest.filesystem)
 
-    def _choose(self, latest: Any) -> str | None:
+    def _choose(self, latest: Any) -> tuple[str | None, int | None]:
         """This attempt's choice, made by one rank: the newest that verifies, newer ones that
         do not are rejected and remembered."""
         from rayguard.train import protocol
@@ -226,7 +254,7 @@ class RayReportBridge:
         for path, why in collective.shared_rejections().items():
             if path not in store.rejected():
                 store.remember_rejection(path, why)
-        chosen = None
+        chosen, chosen_step = None, None
         order = candidates(store, str(latest.path))
         for path in order:
             if path in skip:
@@ -237,14 +265,14 @@ class RayReportBridge:
             if problems:
                 protocol.reject(collective, store, path, f"{path}: {problems}")
                 continue
-            chosen = path
+            chosen, chosen_step = path, step
             fallback = path != order[0]
             note = " (no manifest: reported before rayguard guarded it; not verified)" \
                 if unverified else ""
             link.record("restored", f"ray.train.get_checkpoint() offers "
                            f"{os.path.basename(path.rstrip('/'))} (step {step}){note}",
                            step=step, path=path, fallback=fallback, source="ray.train.report",
-                           verified=not unverified)
+                           verified=not unverified, step_unit=sealed_unit(store, path))
             if unverified:
                 logger.warning("rayguard: %s has no rayguard manifest; offered unverified", path)
             break
@@ -254,7 +282,7 @@ class RayReportBridge:
             link.record("restored", "ray.train.get_checkpoint() offers nothing: no "
                            "reported checkpoint verifies; the loop starts fresh",
                            source="ray.train.report", fallback=True)
-        return chosen
+        return chosen, chosen_step
 
 
     def _unsealed_refusal(self, path: str, order: list[str]) -> str:
@@ -270,6 +298,22 @@ class RayReportBridge:
                                 older_sealed=any(has_manifest(self.store, p) for p in older),
                                 key_set=auth.active() is not None,
                                 accept_unsealed=self.accept_unsealed)
+
+
+def sealed_unit(store: Any, path: str) -> str | None:
+    """The ``step_unit`` a local reported checkpoint's manifest records (``None``: not
+    recorded, or the checkpoint is remote: not read again for a label)."""
+    if store.fs is not None:
+        return None
+    from pathlib import Path
+
+    from rayguard.checkpoint.manifest import read_manifest
+
+    try:
+        unit = read_manifest(Path(path)).metadata.get(UNIT_FIELD)
+    except Exception:  # a label for the log: never fail a restore for it
+        return None
+    return unit if isinstance(unit, str) else None
 
 
 class GuardedTrainFnUtils:

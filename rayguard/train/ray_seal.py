@@ -34,6 +34,10 @@ from rayguard.run.link import RunLink
 RECORDS = ":records"
 """Suffix of a report's tag for the second meeting (the records)."""
 
+UNIT_FIELD = "step_unit"
+"""The manifest's metadata field with what the sealed ``step`` counts (the report's step
+key, or ``"report"``), and the events' field of the same name."""
+
 Claim = tuple[int, str]
 """``(rank, upload mode's value)`` of a rank reporting a local directory."""
 
@@ -80,8 +84,9 @@ class ReportSealer:
         self.persisted = persisted
 
     def prepare(self, tag: str, directory: str | None, mode: Any, step: int,
-                user_upload: Any) -> Prepared:
-        """This rank's part of the seal before Ray's report (in the loop)."""
+                user_upload: Any, *, unit: str | None = None) -> Prepared:
+        """This rank's part of the seal before Ray's report (in the loop); ``unit``: what
+        ``step`` counts, recorded in the manifest beside it."""
         link = self.link
         if directory is None:  # nothing to seal here; never waits
             link.contribute(tag, None)
@@ -93,8 +98,8 @@ class ReportSealer:
         writer = plan.writer == rank and (rank == 0 or not link.alone)
         if plan.deferred:
             return Prepared(self._upload(step, user_upload, writer, seal=lambda: self._seal(
-                tag, directory, step, writer, link.quiet())), False)
-        self._seal(tag, directory, step, writer, link)
+                tag, directory, step, writer, link.quiet(), unit)), False)
+        self._seal(tag, directory, step, writer, link, unit)
         if mode == CheckpointUploadMode.NO_UPLOAD:
             return Prepared(user_upload, writer)
         return Prepared(self._upload(step, user_upload, writer) if writer else user_upload,
@@ -113,7 +118,8 @@ class ReportSealer:
 
         return upload
 
-    def _seal(self, tag: str, directory: str, step: int, writer: bool, link: RunLink) -> None:
+    def _seal(self, tag: str, directory: str, step: int, writer: bool, link: RunLink,
+              unit: str | None = None) -> None:
         """Hash this rank's directory; the writer waits for every rank's record and writes
         the manifest, the others contribute theirs and go on."""
         from rayguard.checkpoint import reported
@@ -127,5 +133,14 @@ class ReportSealer:
             return
         records = link.gather(tag + RECORDS, record)
         reported.seal(directory, records, world_size=ctx.world_size, step=step,
-                      metadata={"attempt": ctx.attempt,
-                                "reported_by": [r.rank for r in records if r is not None]})
+                      metadata=seal_metadata(ctx.attempt, records, unit))
+
+
+def seal_metadata(attempt: int, records: Sequence[Any], unit: str | None) -> dict[str, Any]:
+    """What a reported checkpoint's manifest records beside its step: the attempt, the ranks
+    that reported a directory and, when known, what the step counts (:data:`UNIT_FIELD`)."""
+    meta: dict[str, Any] = {"attempt": attempt,
+                            "reported_by": [r.rank for r in records if r is not None]}
+    if unit is not None:
+        meta[UNIT_FIELD] = unit
+    return meta

@@ -26,3 +26,28 @@ def resolve_step(step: int | None, metrics: dict[str, Any], state: Any, last_ste
         if isinstance(candidate, int) and not isinstance(candidate, bool):
             return candidate
     return last_step + 1
+
+
+REPORT_UNIT = "report"
+"""The unit of a report that carries no step-like metric: the report itself."""
+
+
+def step_unit(metrics: dict[str, Any], keys: tuple[str, ...]) -> str:
+    """What a report's step counts: the first of ``keys`` that ``metrics`` holds as an integer
+    (the one :func:`resolve_step` reads), else :data:`REPORT_UNIT`."""
+    for key in keys:
+        value = metrics.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return key
+    return REPORT_UNIT
+
+
+def resumed_last_step(offered: bool, sealed_step: int | None, last_step: int) -> int:
+    """The last step before an attempt's first report, once ``ray.train.get_checkpoint()``
+    has answered: the offered checkpoint's sealed step (a report without a step-like metric
+    then counts on from it: the run's count, not the attempt's); ``-1`` when nothing is
+    offered (the loop starts fresh); ``last_step`` unchanged when the offered checkpoint
+    records no step (no manifest: reported before rayguard guarded the loop)."""
+    if not offered:
+        return -1
+    return last_step if sealed_step is None else sealed_step
