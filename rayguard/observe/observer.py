@@ -102,13 +102,18 @@ class RunObserver:
                 verdicts = self.detector.judge(now)
                 self._scores, self._judged = self.detector.scores(), mono
             scores = self._scores
-        events = [self._steps_event(s, scores.get(int(s.get("rank", -1)))) for s in batch]
-        if merge and len(events) > 1:
-            lead = min(events, key=lambda e: e["rank"])
-            lasts = [e["last_step"] for e in events if isinstance(e.get("last_step"), int)]
-            lead["ranks"] = sorted({e["rank"] for e in events})
+        if merge and len(batch) > 1:  # one event for the batch: its lowest rank's
+            lead_summary = min(batch, key=lambda s: int(s.get("rank", -1)))
+            for summary in batch:
+                if summary is not lead_summary:
+                    self._apply_summary(summary, scores)
+            lead = self._steps_event(lead_summary, scores.get(int(lead_summary.get("rank", -1))))
+            lasts = [s["last_step"] for s in batch if isinstance(s.get("last_step"), int)]
+            lead["ranks"] = sorted(int(s.get("rank", -1)) for s in batch)
             lead["ranks_last_step"] = max(lasts) if lasts else None
             events = [lead]
+        else:
+            events = [self._steps_event(s, scores.get(int(s.get("rank", -1)))) for s in batch]
         last = batch[-1]
         for v in verdicts:
             events.append(make_event("straggler", describe(v), rank=v.rank, node=v.node,
@@ -121,9 +126,15 @@ class RunObserver:
         with self._lock:
             return self.detector.states(self._scores)
 
+    def _apply_summary(self, summary: dict[str, Any], scores: dict[int, float]) -> None:
+        if self.metrics is not None:
+            rank = int(summary.get("rank", -1))
+            self._apply(summary_updates(rank, summary, scores.get(rank)))
+
     def _steps_event(self, summary: dict[str, Any], score: float | None) -> dict[str, Any]:
         rank = int(summary.get("rank", -1))
-        self._apply(summary_updates(rank, summary, score))
+        if self.metrics is not None:
+            self._apply(summary_updates(rank, summary, score))
         fields = {k: v for k, v in summary.items()
                   if k not in ("rank", "node", "attempt", "time", "kind", "detail", "step")}
         mean = (summary["step_time_sum_s"] / summary["intervals"]) if summary.get("intervals") else None

@@ -42,8 +42,10 @@ AGENT_MIN_WORLD = 256
 FLUSH_S = 0.005
 """How long a node's gather batch waits for more local ranks after its first arrival
 (sent at once when every local rank is in)."""
-SUMMARY_EVERY_S = 1.0
-"""How often a node's step summaries go to the coordinator, in one call."""
+SUMMARY_EVERY_S = 5.0
+"""How often a node's step summaries go to the coordinator, in one call (a rank sends its
+own every 5 s by default, so this adds at most one interval to the straggler rule's 60 s
+window; the coordinator then hears nodes/5 summary calls a second)."""
 HOLD_S = 30.0
 """The long poll of a watched fact (the coordinator answers at once when it appears)."""
 

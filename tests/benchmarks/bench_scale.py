@@ -236,17 +236,25 @@ def run_one(ranks: int, hosts_n: int, window_s: float) -> dict[str, Any]:
              for i in range(hosts_n)]
     ray.get([h.ranks.remote() for h in hosts])
     out: dict[str, Any] = {"ranks": ranks, "nodes": nodes}
-    out["setup_gather_s"] = _span(ray.get([h.setup.remote(0) for h in hosts]))
-    out["commit_gather_s"] = _span(ray.get([h.commit.remote() for h in hosts]))
-    out["diagnosis_s"] = _span(ray.get([h.diagnose.remote(i == 0)
-                                        for i, h in enumerate(hosts)]))
+    proc = psutil.Process(coord_pid)
+    phase_cpu: dict[str, float] = {}
+
+    def timed(name: str, refs: list[Any]) -> list[Any]:
+        before = sum(proc.cpu_times()[:2])
+        result = ray.get(refs)
+        phase_cpu[name] = round(sum(proc.cpu_times()[:2]) - before, 2)
+        return result
+
+    out["setup_gather_s"] = _span(timed("setup", [h.setup.remote(0) for h in hosts]))
+    out["commit_gather_s"] = _span(timed("commit", [h.commit.remote() for h in hosts]))
+    out["diagnosis_s"] = _span(timed("diagnosis", [h.diagnose.remote(i == 0)
+                                                   for i, h in enumerate(hosts)]))
     victim = ranks - 1
     spans = [h.rendezvous.remote(victim) for h in hosts]
     time.sleep(0.2)  # every survivor waits for the notice
     opened = time.time()
     ray.get(coordinator.open_live.remote(0, [victim], "bench: one rank replaced"))
     out["rendezvous_s"] = round(max(e for _, e in ray.get(spans)) - opened, 3)
-    proc = psutil.Process(coord_pid)
     sent0 = sum(ray.get([h.sent.remote() for h in hosts]))
     host_cpu0 = sum(ray.get([h.cpu.remote() for h in hosts]))
     cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
@@ -258,7 +266,8 @@ def run_one(ranks: int, hosts_n: int, window_s: float) -> dict[str, Any]:
     out["coordinator_cpu_frac"] = round(cpu / elapsed, 3)
     out["calls_per_s"] = round((sent + direct) / elapsed, 1)
     print(f"# {ranks} ranks: hosts_cpu_frac {host_cpu / elapsed:.3f} (aggregators and "
-          f"simulated ranks, {hosts_n} processes)", file=sys.stderr, flush=True)
+          f"simulated ranks, {hosts_n} processes); the coordinator's CPU seconds in each "
+          f"phase: {json.dumps(phase_cpu)}", file=sys.stderr, flush=True)
     for h in hosts:
         ray.kill(h)
     ray.get(coordinator.close.remote())
