@@ -19,7 +19,7 @@ class FactPoll:
     the watchdog up to 20 times a second); :meth:`value` returns the last answer (``None``
     until the fact is there)."""
 
-    def __init__(self, actor: Any, key: str, every_s: float = 1.0, hold_s: float = 30.0,
+    def __init__(self, actor: Any, key: str, every_s: float = 1.0, hold_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._actor = actor
         self._key = key

@@ -22,9 +22,13 @@ class LinkTimeouts:
     """The memory tier's calls (a lost node answers with an error well before)."""
     poll_s: float = 1.0
     """How often a long wait wakes to feed the watchdog."""
-    hold_s: float = 30.0
-    """How long the coordinator holds a question about a fact not there yet before it
-    answers "not yet" (a long poll: a watched fact costs one call per ``hold_s``)."""
+    hold_s: float = 2.0
+    """How long the coordinator (or the node's agent) holds a rank's question about a fact
+    not there yet before it answers "not yet" (a long poll: a watched fact costs one call per
+    ``hold_s``, answered the moment it appears). Short, so that a worker that is going (a
+    SIGTERM'd rank handing its signal on) has no question outstanding for long: a 30 s hold
+    kept a preempted worker alive past its checkpoint. An agent's own poll of the
+    coordinator holds 30 s (``rayguard.run.agent.HOLD_S``)."""
 
 
 def read_attempt(actor: Any, timeouts: LinkTimeouts = LinkTimeouts()) -> int:
