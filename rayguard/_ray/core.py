@@ -17,6 +17,7 @@ Relies on (each checked at first use; all present in Ray 2.59 and 2.60):
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from rayguard._ray import version_error
 
@@ -63,6 +64,12 @@ def enable_default_token_auth() -> None:
     except ImportError:
         return
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def actor_id(handle: Any) -> str:
+    """The id of the actor behind ``handle`` (hex), as ``get_runtime_context().get_actor_id()``
+    gives it inside that actor (Ray has no public accessor on a handle)."""
+    return handle._actor_id.hex()
 
 
 def alive_node_resources() -> dict[str, dict[str, float]]:

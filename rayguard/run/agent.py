@@ -288,7 +288,9 @@ def find_agent(coordinator: Any, node: str, timeout_s: float | None = None) -> A
     by the coordinator for the node's first rank."""
     import ray
 
-    coordinator_id = coordinator._actor_id.hex()
+    from rayguard._ray.core import actor_id
+
+    coordinator_id = actor_id(coordinator)
     try:
         return ray.get_actor(agent_name(coordinator_id, node))
     except ValueError:  # not there yet: the coordinator starts it (once per node)

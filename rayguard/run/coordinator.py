@@ -13,7 +13,6 @@ the world size, O(1) work per arrival.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -245,24 +244,6 @@ class RunCoordinator(MemoryHost):
         a long poll, so a rank watching a fact asks once per ``timeout_s``, not per second."""
         return await bounded(self._facts.wait(key), timeout_s)
 
-    async def wait_fact_or(self, key: str, notice: str, timeout_s: float
-                           ) -> tuple[str, Any] | None:
-        """``("fact", value)`` once ``key`` is there, ``("notice", value)`` once ``notice``
-        is (whichever first; the fact when both are), ``None`` after ``timeout_s``."""
-        fact, other = self._facts.wait(key), self._facts.wait(notice)
-        try:
-            await asyncio.wait([fact, other], timeout=timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for fut in (fact, other):
-                if not fut.done():
-                    fut.cancel()
-        if fact.done() and not fact.cancelled() and fact.result() is not None:
-            return "fact", fact.result()
-        if other.done() and not other.cancelled() and other.result() is not None:
-            return "notice", other.result()
-        return None
-
     # -- live recovery (rayguard/train/live.py) --------------------------------------------
     def open_live(self, attempt: int, ranks: list[int], detail: str) -> int:
         """Ray replaces the failed ``ranks`` of ``attempt`` alone: open the next attempt, leave
@@ -339,8 +320,9 @@ class RunCoordinator(MemoryHost):
 
         agent = self._agents.get(node)
         if agent is None:
-            me = ray.get_runtime_context().current_actor
-            agent = self._agents[node] = start_agent(me, me._actor_id.hex(), node, pin=pin)
+            context = ray.get_runtime_context()
+            agent = self._agents[node] = start_agent(context.current_actor,
+                                                     context.get_actor_id(), node, pin=pin)
         return agent
 
     def step_summaries(self, batch: list[dict[str, Any]]) -> None:

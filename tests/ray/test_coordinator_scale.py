@@ -50,10 +50,11 @@ def test_a_nodes_ranks_gather_through_its_agent_once(coordinator):
 
     agents = [ray.get(coordinator.node_agent.remote(f"sim-{n}", False)) for n in range(2)]
     # the agent is found again by name (a rank does not ask the coordinator)
+    from rayguard._ray.core import actor_id
     from rayguard.run.agent import agent_name
 
-    name = agent_name(coordinator._actor_id.hex(), "sim-0")
-    assert ray.get_actor(name)._actor_id == agents[0]._actor_id
+    name = agent_name(actor_id(coordinator), "sim-0")
+    assert actor_id(ray.get_actor(name)) == actor_id(agents[0])
     refs = [agents[r // 4].gather.remote("a0:commit", r, 8, f"rec{r}", 120.0, False, 4, 0)
             for r in range(8)]
     out = ray.get(refs, timeout=120)
