@@ -215,12 +215,16 @@ class GuardConfig:
     """How ``report(state=...)`` persists: ``CheckpointConfig(mode="sync"|"async",
     memory_tier=...)``."""
 
-    recovery: RecoveryMode = "restart"
-    """How a NaN/inf (``nan_policy="restart"``) is recovered: ``"restart"``, Ray Train
-    restarts the worker group; ``"live"``, every rank agrees at that
-    ``rayguard.train.report`` and re-enters the training function in its own process from
-    the last committed checkpoint (memory tier or disk), no worker restarted. Counted like a
-    restart (``FailureConfig(max_failures)``); ``ray.train.report`` loops keep ``"restart"``."""
+    recovery: RecoveryMode = "live"
+    """How a failure is recovered. ``"live"`` (default): a failed worker of a fixed-size
+    group of 2 or more on Ray's ``TorchConfig`` is replaced alone while the others keep their
+    processes and rejoin (elsewhere, an elastic or one-worker run or another backend, the
+    worker group restarts, as with ``"restart"``); a NaN/inf (``nan_policy="restart"``)
+    makes every rank agree at that ``rayguard.train.report`` and re-enter the training
+    function in its own process from the last committed checkpoint (memory tier or disk).
+    ``"restart"``: Ray Train restarts the whole worker group on every failure. Either is
+    counted like a restart (``FailureConfig(max_failures)``); a NaN in a loop that reports
+    only through ``ray.train.report`` restarts the group."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, CheckpointConfig):
@@ -238,7 +242,7 @@ class GuardConfig:
                                "pass health=rayguard.HealthConfig(...)")
         if self.recovery not in ("restart", "live"):
             raise config_error("GuardConfig", "recovery", self.recovery,
-                               'must be "restart" or "live"', 'pass recovery="live"')
+                               'must be "live" or "restart"', 'pass recovery="live" (the default) or "restart"')
         if self.numa not in ("auto", "strict", "off"):
             raise config_error("GuardConfig", "numa", self.numa, 'must be "auto", "strict" or "off"',
                                'pass numa="auto"')
