@@ -221,10 +221,10 @@ class GuardConfig:
     processes and rejoin (elsewhere, an elastic or one-worker run or another backend, the
     worker group restarts, as with ``"restart"``); a NaN/inf (``nan_policy="restart"``)
     makes every rank agree at that ``rayguard.train.report`` and re-enter the training
-    function in its own process from the last committed checkpoint (memory tier or disk).
+    function in its own process from the last committed checkpoint (memory tier or disk),
+    in ``rayguard.train.report`` and ``ray.train.report`` loops alike.
     ``"restart"``: Ray Train restarts the whole worker group on every failure. Either is
-    counted like a restart (``FailureConfig(max_failures)``); a NaN in a loop that reports
-    only through ``ray.train.report`` restarts the group."""
+    counted like a restart (``FailureConfig(max_failures)``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, CheckpointConfig):
