@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -74,3 +75,22 @@ def test_python_m_rayguard_command(tmp_path: Path, command: str) -> None:
     assert proc.returncode in statuses, (argv, proc.stdout, proc.stderr)
     assert check(proc.stdout), (argv, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_run_cli_gives_the_status_a_shell_sees_and_scopes_env_and_cwd(tmp_path, run_cli,
+                                                                      monkeypatch):
+    """The in-process runner the other CLI tests use: argparse's exits are statuses, and the
+    command's environment and directory are its own."""
+    mistyped = run_cli(["evnets"])
+    assert mistyped.rc == 2 and "did you mean 'events'" in mistyped.stderr
+    version = run_cli(["--version"])
+    assert version.rc == 0 and version.stdout.startswith("rayguard ")
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    doctor = run_cli(["doctor", "--address", "none", "--json"], env={"NCCL_DEBUG": "INFO"})
+    assert "NCCL_DEBUG_ON" in {f["code"] for f in json.loads(doctor.stdout)["findings"]}
+    assert "NCCL_DEBUG" not in os.environ
+    here = os.getcwd()
+    _event_log(tmp_path)
+    events = run_cli(["events", "."], cwd=tmp_path)
+    assert events.rc == 0 and "fit() started" in events.stdout
+    assert os.getcwd() == here
