@@ -6,6 +6,10 @@ needs a plain one; multi-node tests shut it down and start their own
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -55,6 +59,51 @@ def no_ray():
     if ray.is_initialized():
         ray.shutdown()
     yield
+
+
+class CliRun(NamedTuple):
+    """What one ``rayguard`` command did: its exit status and what it printed."""
+
+    rc: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """``run_cli(argv, env=None, cwd=None) -> CliRun``: ``rayguard <argv>`` run in this
+    process (``rayguard.cli.main``), without the seconds an interpreter start costs. ``env``
+    is set (``monkeypatch.setenv``) and ``cwd`` entered for the command only; argparse's
+    ``SystemExit`` (usage errors, ``--help``) becomes the exit status, as in a shell. A
+    subprocess is for what needs the process boundary (``tests/unit/cli/test_cli_smoke.py``)."""
+    from rayguard.cli import main
+
+    def run(argv: Sequence[object], env: Mapping[str, str] | None = None,
+            cwd: str | Path | None = None) -> CliRun:
+        with monkeypatch.context() as patch:
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
+            if cwd is not None:
+                patch.chdir(cwd)
+            capsys.readouterr()  # what the test printed before is not the command's
+            try:
+                rc = main([str(a) for a in argv])
+            except SystemExit as exc:
+                rc = _exit_status(exc.code)
+            out, err = capsys.readouterr()
+        return CliRun(rc, out, err)
+
+    return run
+
+
+def _exit_status(code: object) -> int:
+    """The status a process exiting with ``SystemExit(code)`` gives its shell."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"): printed, status 1
+    return 1
 
 
 def has_cuda() -> bool:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -62,7 +60,7 @@ def _committed(run_dir):
 
 
 @pytest.mark.compat  # also run on the oldest supported Ray
-def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_path):
+def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_path, run_cli):
     result = _trainer(tmp_path, "run", steps=5, keep=3).fit()
     names = _committed(result.path)
     assert len(names) == 3  # CheckpointConfig(num_to_keep=3) still works
@@ -89,9 +87,8 @@ def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_p
     restored = [e for e in events if e["kind"] == "restored"]
     assert restored[-1]["step"] == 2 and third.endswith(os.path.basename(restored[-1]["path"]))
     # The rayguard CLI agrees.
-    cli = subprocess.run([sys.executable, "-m", "rayguard", "checkpoint", "verify", newest],
-                         capture_output=True, text=True)
-    assert cli.returncode == 1
+    cli = run_cli(["checkpoint", "verify", newest])
+    assert cli.rc == 1 and cli.stdout.startswith("CORRUPT"), cli.stdout + cli.stderr
 
 
 def test_worker_killed_mid_commit_leaves_nothing_half_written(ray_local, tmp_path):

@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -139,16 +138,20 @@ def test_every_failure_is_in_the_event_log_with_its_cause(run):
     assert all(e["seconds"] >= 0 and e["bytes"] > 0 for e in committed)
 
 
-def test_rayguard_events_cli_prints_every_event(run):
+def _printed(run_cli, argv):
+    done = run_cli(argv)
+    assert done.rc == 0, done.stderr
+    return done.stdout
+
+
+def test_rayguard_events_cli_prints_every_event(run, run_cli):
     events = _events(run["path"])
-    cmd = [sys.executable, "-m", "rayguard", "events", run["path"]]
-    table = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    cmd = ["events", run["path"]]
+    table = _printed(run_cli, cmd)
     assert len(table.splitlines()) == len(events) + 1
-    as_json = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=120,
-                             check=True).stdout
+    as_json = _printed(run_cli, cmd + ["--json"])
     assert [json.loads(line)["kind"] for line in as_json.splitlines()] == [e["kind"] for e in events]
-    only = subprocess.run(cmd + ["--kind", "restart"], capture_output=True, text=True,
-                          timeout=120, check=True).stdout
+    only = _printed(run_cli, cmd + ["--kind", "restart"])
     restarts = sum(e["kind"] == "restart" for e in events)
     assert len(only.splitlines()) == restarts + 1 and "cause: kill" in only
 
@@ -229,7 +232,7 @@ def test_metrics_on_rays_prometheus_endpoint(run):
     assert value("ray_rayguard_checkpoint_seconds_count", phase="blocked") >= 4
 
 
-def test_goodput_of_a_run_with_a_kill_a_hang_and_a_nan(run):
+def test_goodput_of_a_run_with_a_kill_a_hang_and_a_nan(run, run_cli):
     from rayguard.observe.goodput import CAUSES, goodput
 
     events = _events(run["path"])
@@ -252,12 +255,10 @@ def test_goodput_of_a_run_with_a_kill_a_hang_and_a_nan(run):
     assert all("replayed steps' time" in n for n in g.not_measured), g.not_measured
     # the driver's figures (RobustTrainer.last_goodput, its last line) are the log's
     assert run["goodput"] is not None and run["goodput"].ratio == pytest.approx(g.ratio)
-    cmd = [sys.executable, "-m", "rayguard", "events", run["path"], "--goodput", "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
-    data = json.loads(out)
+    cmd = ["events", run["path"], "--goodput", "--json"]
+    data = json.loads(_printed(run_cli, cmd))
     assert data["ratio"] == pytest.approx(g.ratio) and set(data["badput_s"]) == set(CAUSES)
-    table = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=120,
-                           check=True).stdout
+    table = _printed(run_cli, cmd[:-1])
     assert table.startswith(f"goodput {g.ratio:.2f}") and "replay" in table
 
 

@@ -155,13 +155,9 @@ def test_under_the_same_torch_the_parse_failure_is_still_corruption(tmp_path: Pa
     assert "not a DCP metadata file" in rejections.rejected(tmp_path)[str(new)]
 
 
-def test_the_cli_says_ok_with_a_note(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
+def test_the_cli_says_ok_with_a_note(tmp_path: Path, run_cli) -> None:
     new = _written_by(_checkpoint(tmp_path, 2), OTHER)
-    out = subprocess.run([sys.executable, "-m", "rayguard", "checkpoint", "verify", str(new)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = run_cli(["checkpoint", "verify", new])
+    assert out.rc == 0, out.stdout + out.stderr
     assert out.stdout.startswith("OK ") and "note: dcp/.metadata: " in out.stdout
     assert f"written by torch {OTHER}" in out.stdout

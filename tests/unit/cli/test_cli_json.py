@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 
 from rayguard.cli import build_parser
 
@@ -30,13 +28,11 @@ def test_every_command_has_json():
     assert missing == [], f"commands without --json: {missing}"
 
 
-def _json_error(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "rayguard", *args], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    return json.loads(proc.stdout)
+def test_usage_errors_are_json_under_json(run_cli):
+    def json_error(*args: str) -> dict:
+        proc = run_cli(args)
+        assert proc.rc == 2, proc.stderr
+        return json.loads(proc.stdout)
 
-
-def test_usage_errors_are_json_under_json():
-    assert _json_error("topology", "--json", "--workers", "-1")["reason"] == "config"
-    assert _json_error("doctor", "--json", "--env", "NOEQUALS")["reason"] == "usage"
+    assert json_error("topology", "--json", "--workers", "-1")["reason"] == "config"
+    assert json_error("doctor", "--json", "--env", "NOEQUALS")["reason"] == "usage"

@@ -46,18 +46,13 @@ def _write_log(directory, lines):
         f.write(json.dumps(GOOD2).encode() + b"\n")
 
 
-def _rayguard(*args):
-    return subprocess.run([sys.executable, "-m", "rayguard", *args], capture_output=True,
-                          timeout=180, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
-
-
-def test_crafted_lines_are_skipped_by_rayguard_events(tmp_path):
+def test_crafted_lines_are_skipped_by_rayguard_events(tmp_path, run_cli):
     _write_log(tmp_path, HOSTILE_LINES)
     for extra in ((), ("--json",)):
-        proc = _rayguard("events", str(tmp_path), *extra)
-        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-        assert b"Traceback" not in proc.stderr
-        out = proc.stdout.decode()
+        proc = run_cli(["events", tmp_path, *extra])  # printed to UTF-8, strict: no surrogate
+        assert proc.rc == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+        out = proc.stdout
         assert "fit() started" in out and "done" in out
         assert "lone" in out  # the surrogate is replaced, the event kept
     parsed = read_log(locate(str(tmp_path)))
@@ -65,11 +60,11 @@ def test_crafted_lines_are_skipped_by_rayguard_events(tmp_path):
     assert parsed.bad_lines == len(HOSTILE_LINES) - 1
 
 
-def test_crafted_lines_are_skipped_by_rayguard_report(tmp_path):
+def test_crafted_lines_are_skipped_by_rayguard_report(tmp_path, run_cli):
     _write_log(tmp_path, HOSTILE_LINES)
     out = tmp_path / "report.html"
-    proc = _rayguard("report", str(tmp_path), "-o", str(out), "--json")
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    proc = run_cli(["report", tmp_path, "-o", out, "--json"])
+    assert proc.rc == 0, proc.stderr
     assert json.loads(proc.stdout)["ok"] is True
     from rayguard.observe.report import embedded_data
 
@@ -80,15 +75,15 @@ def test_crafted_lines_are_skipped_by_rayguard_report(tmp_path):
 ESCAPES = "\x1b[2J\x1b[H\x1b[32mOK everything verified\x1b[0m\r\x08\x9b31m\u202e"
 
 
-def test_terminal_escapes_in_details_are_printed_inert(tmp_path):
+def test_terminal_escapes_in_details_are_printed_inert(tmp_path, run_cli):
     event = {**GOOD2, "detail": ESCAPES, "node": "\x1b]0;title\x07", "kind": "finished\x1b[2K"}
     _write_log(tmp_path, [json.dumps(event).encode()])
     for extra in ((), ("--json",)):
-        proc = _rayguard("events", str(tmp_path), *extra)
-        assert proc.returncode == 0
-        out = proc.stdout.decode()
+        proc = run_cli(["events", tmp_path, *extra])
+        assert proc.rc == 0
+        out = proc.stdout
         assert not any(c in out for c in "\x1b\r\x08\x07\x9b\u202e"), repr(out)
-    assert "\\x1b[2J" in _rayguard("events", str(tmp_path)).stdout.decode()
+    assert "\\x1b[2J" in run_cli(["events", tmp_path]).stdout
 
 
 def test_report_data_block_escapes_every_angle_bracket(tmp_path):
