@@ -91,7 +91,7 @@ __all__ = [
     "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "FixedScalingPolicy",
     "GuardHooksTrainer", "NoopDecision", "QuietRetryPolicy", "RoundingElasticPolicy",
     "ScalingPolicy",
-    "WorkerGroupCallback", "controller_env", "create_scaling_policy", "fail_every_worker",
+    "WorkerGroupCallback", "controller_env", "create_scaling_policy", "fail_every_worker", "fail_workers",
     "group_nodes", "marked_failed",
     "permute_workers", "probe_nodes", "reserved_resources", "resources_per_worker",
     "set_group_label_selector",
@@ -152,9 +152,16 @@ def fail_every_worker(worker_group_status: Any, error: BaseException) -> None:
     restarts the whole group instead of replacing the failed replica groups alone (its
     ``_execute_resize_decision`` replaces them alone only while some replica group has not
     failed). ``error`` is marked (:func:`marked_failed`)."""
+    fail_workers(worker_group_status, worker_group_status.worker_statuses, error)
+
+
+def fail_workers(worker_group_status: Any, ranks: Any, error: BaseException) -> None:
+    """Mark the workers ``ranks`` of a poll that have not failed as failed with ``error``
+    (marked: :func:`marked_failed`), so that the controller acts on them at this poll."""
     setattr(error, _MARK, True)
-    for status in worker_group_status.worker_statuses.values():
-        if status.error is None:
+    for rank in ranks:
+        status = worker_group_status.worker_statuses.get(rank)
+        if status is not None and status.error is None:
             status.error = error
 
 

@@ -14,6 +14,7 @@ from rayguard._ray.train import (
     ControllerCallback,
     WorkerGroupCallback,
     fail_every_worker,
+    fail_workers,
     group_label_selector,
     group_nodes,
     set_group_label_selector,
@@ -139,9 +140,40 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             reason = node_failure_reason(failure) if self.fence is not None else None
             if node is not None and reason is not None:
                 counted.append(NodeFailure(node, self._attempt, reason, rank, failure.reason))
+        if self._failed:
+            self._failed |= self._raised_unseen(worker_group_status)
         if counted:
             self._count(counted)
         self._plan = self._plan_recovery(worker_group_status) if self._failed else None
+
+    def _raised_unseen(self, worker_group_status: Any) -> set[int]:
+        """Ranks whose function raised in this attempt but whose error this poll does not
+        show yet (a bug every rank hits, seen one rank per poll): they fail at this poll
+        with the others, so that the recovery is planned for all of them at once (a rank
+        replaced alone while its peer is already going would fail the live attempt)."""
+        import ray
+
+        try:
+            raised = dict(ray.get(self.coordinator.failed_ranks.remote(self._attempt),
+                                  timeout=10))
+        except Exception:
+            return set()
+        unseen = {r for r in raised if r not in self._failed
+                  and r in worker_group_status.worker_statuses}
+        if not unseen:
+            return set()
+        from rayguard.exceptions import PeersLostError
+
+        fail_workers(worker_group_status, unseen, PeersLostError(
+            f"rank(s) {sorted(unseen)} raised in attempt {self._attempt}; the error reaches "
+            "Ray after this poll"))
+        for rank in sorted(unseen):
+            self._reported.add((self._attempt, rank))
+            self.coordinator.record.remote(make_event(
+                "worker_died", f"rank {rank} failed: {raised[rank]}", rank=rank, cause="error",
+                node=self._nodes[rank] if rank < len(self._nodes) else None,
+                attempt=self._attempt))
+        return unseen
 
     @property
     def mode(self) -> str:

@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+from rayguard.observe.goodput_table import noun
+
 logger = logging.getLogger("rayguard")
 
 def _fmt(value: Any) -> str:
@@ -25,19 +27,21 @@ def _fmt(value: Any) -> str:
 
 
 def progress_line(progress: dict[str, Any], steps_per_s: float | None) -> str:
-    """``step 40 | loss 0.0552 | 12.3 steps/s | attempt 0 | 2 workers | checkpoint step 39``."""
-    parts = [f"step {progress.get('step', '?')}"]
+    """``step 40 | loss 0.0552 | 12.3 steps/s | attempt 0 | 2 workers | checkpoint step 39``,
+    in the loop's own unit (``epoch 7 | ... | 0.5 epochs/s | ... | checkpoint epoch 6``)."""
+    unit = noun(str(progress.get("unit") or "step"))
+    parts = [f"{unit} {progress.get('step', '?')}"]
     metrics = progress.get("metrics") or {}
     name = "loss" if "loss" in metrics else next((k for k in metrics if k != "step"), None)
     if name is not None:
         parts.append(f"{name} {_fmt(metrics[name])}")
     if steps_per_s is not None:
-        parts.append(f"{steps_per_s:.3g} steps/s")
+        parts.append(f"{steps_per_s:.3g} {unit}s/s")
     parts.append(f"attempt {progress.get('attempt', 0)}")
     if progress.get("world_size") is not None:
         parts.append(f"{progress['world_size']} worker(s)")
     ckpt = progress.get("checkpoint_step")
-    parts.append("no checkpoint yet" if ckpt is None else f"checkpoint step {ckpt}")
+    parts.append("no checkpoint yet" if ckpt is None else f"checkpoint {unit} {ckpt}")
     return " | ".join(parts)
 
 

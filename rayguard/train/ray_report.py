@@ -154,7 +154,7 @@ class RayReportBridge:
         observed, step = observer.observe(metrics, step=report_step(metrics, observer.last_step),
                                           defer_nan=self.in_place)
         self.count += 1
-        self.unit = report_unit(metrics)
+        self.unit = observer.step_unit = report_unit(metrics)
         if self.in_place:  # nothing of a NaN report is sealed or reaches Ray
             observer.agree_finite(step)
         directory = local_directory(checkpoint)

@@ -56,6 +56,9 @@ class WorkerSession:
                                       on_fire=announcer(link, lambda: self.last_step))
         self.finite = FiniteGuard(guard.health, link, self.forwarder.flush_quietly)
         self.last_step = -1
+        self.step_unit = "step"
+        """What ``last_step`` counts: a ``ray.train.report`` loop's step key (``epoch``...,
+        :func:`rayguard.train.steps.step_unit`), shown by the driver's progress line."""
         self.nonfinite = False
         """This report's watched metric was NaN/inf here (``recovery="live"``)."""
         self.report_count = 0
@@ -243,7 +246,8 @@ class WorkerSession:
             return
         self._progress_sent_at = now
         self.link.send_progress({"step": self.last_step, "metrics": self._last_metrics,
-                                 "time": time.time(), "world_size": self.ctx.world_size},
+                                 "time": time.time(), "world_size": self.ctx.world_size,
+                                 "unit": self.step_unit},
                                 wait=final)
 
 

@@ -53,6 +53,18 @@ def test_progress_line_is_compact_and_names_what_matters():
     assert line == "step 0 | acc 0.5 | attempt 0 | no checkpoint yet"
 
 
+def test_progress_line_counts_in_the_loops_own_unit():
+    # a ray.train.report loop that reports {"loss", "epoch"}: its step is the epoch
+    line = progress_line({"step": 140, "unit": "epoch", "metrics": {"loss": 0.5, "epoch": 140},
+                          "attempt": 1, "world_size": 2, "checkpoint_step": 139}, 0.5)
+    assert line == ("epoch 140 | loss 0.5 | 0.5 epochs/s | attempt 1 | 2 worker(s) | "
+                    "checkpoint epoch 139")
+    line = progress_line({"step": 7, "unit": "global_step", "metrics": {}, "attempt": 0}, None)
+    assert line.startswith("step 7 | ")
+    line = progress_line({"step": 7, "unit": "report", "metrics": {}, "attempt": 0}, 2.0)
+    assert line.startswith("report 7 | 2 reports/s | ")
+
+
 def test_event_line_is_one_line():
     line = event_line({"kind": "worker_died", "attempt": 0, "rank": 1, "step": None,
                        "detail": "rank 1 failed: injected kill (RAYGUARD_FAULTS)"})

@@ -213,3 +213,40 @@ def test_the_failure_policy_counts_only_the_workers_own_failures(coordinator) ->
         fail_every_worker(status, PeersLostError("restart the group"))
         decisions.append(policy.make_decision(WorkerGroupError("failed", status.errors)))
     assert decisions == [FailureDecision.RETRY, FailureDecision.RAISE]
+
+
+def raised(coordinator, rank: int, attempt: int = 0) -> None:
+    """``rank``'s function raised in ``attempt``: it records its failure before its error
+    leaves the worker (Ray's poll may show the error only later)."""
+    coordinator.target.record_failure(rank, attempt, "builtins.ValueError", "loop.py:3", 0,
+                                      "ValueError: my bug")
+
+
+def test_a_bug_every_rank_hits_seen_one_rank_per_poll_restarts_the_group(
+        live, coordinator, events) -> None:
+    # measured under live recovery: rank 1's error was seen first, rank 1 was replaced
+    # alone, rank 0's own error came in the live attempt and made it a "failed live recovery"
+    for rank in range(WORLD):
+        raised(coordinator, rank)
+    status = poll({1: ValueError("my bug")})
+    live.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == list(range(WORLD)) and not replaced_alone_by_ray(status)
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    (restart,) = restarts(events)
+    assert "path" not in restart and "every rank failed" in restart["fallback"]
+    died = [e for e in events() if e["kind"] == "worker_died"]
+    assert sorted(e["rank"] for e in died) == list(range(WORLD))
+    assert all("my bug" in e["detail"] for e in died)
+
+
+def test_ranks_that_raised_before_the_poll_saw_them_are_replaced_with_the_others(
+        live, coordinator, events) -> None:
+    raised(coordinator, 3)
+    raised(coordinator, 9)
+    raised(coordinator, 5, attempt=1)  # of another attempt: not this failure's
+    status = poll({3: ValueError("my bug")})
+    live.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == [3, 9] and replaced_alone_by_ray(status)
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    (restart,) = restarts(events)
+    assert restart["path"] == "live" and restart["ranks"] == [3, 9]

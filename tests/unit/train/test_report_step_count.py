@@ -180,7 +180,9 @@ def test_every_rank_counts_on_from_the_step_the_one_choice_carries(monkeypatch):
         bridge.report({"loss": 0.5})
         bridge.report({"loss": 0.4})
         assert bridge.observer.steps == [50, 51]  # type: ignore[attr-defined]
-        assert bridge.unit == REPORT_UNIT
+        assert bridge.unit == bridge.observer.step_unit == REPORT_UNIT  # the progress line's
+        bridge.report({"loss": 0.3, "epoch": 7})
+        assert bridge.observer.step_unit == "epoch"  # type: ignore[attr-defined]
 
 
 def test_nothing_chosen_is_a_fresh_count_on_every_rank(monkeypatch):
