@@ -144,6 +144,7 @@ class RobustTrainer(GuardHooksTrainer):
         from rayguard._ray.cleaner import without_blind_cleaner
         from rayguard.controller.callbacks import RayGuardCallback
         from rayguard.controller.rank_order import CoordinatorStore, RankOrder
+        from rayguard.health.recovery import recovery_mode
 
         callbacks = without_blind_cleaner(callbacks)  # no dashboard: it could only warn
 
@@ -151,7 +152,7 @@ class RobustTrainer(GuardHooksTrainer):
         if self._coordinator is not None:
             callbacks.append(RayGuardCallback(
                 self._coordinator, quarantine=self.guard_config.health.quarantine_after is not None,
-                replica_groups=self._replica_groups, live=self._live))
+                mode=recovery_mode(replica_groups=self._replica_groups, live=self._live)))
             store = CoordinatorStore(self._coordinator)
         callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store))
         return callbacks

@@ -1,12 +1,14 @@
-"""Controller-side hooks (these run in Ray Train's controller actor): count attempts, write
-worker deaths and restarts into the run's event log, count each death against its node
+"""Controller-side hooks (these run in Ray Train's controller actor): open each worker
+group's attempt at the run's coordinator (:mod:`rayguard.run.attempts`), write worker deaths
+and restarts into the run's event log, count each death against its node
 (:mod:`rayguard.health.quarantine`), place each new worker group off quarantined nodes, and
-apply the recovery path :func:`rayguard.health.live.plan_recovery_path` chooses (Ray's
+apply the recovery path :func:`rayguard.health.recovery.plan_recovery_path` chooses (Ray's
 controller replaces failed replica groups alone unless every worker of the poll failed:
 where the plan is a whole-group restart, every worker is marked failed)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from rayguard._ray.core import alive_node_resources
@@ -22,19 +24,24 @@ from rayguard._ray.train import (
 )
 from rayguard.controller.fence import FenceView
 from rayguard.events import make_event
+from rayguard.exceptions import RayGuardError
 from rayguard.failures import Failure, classify
-from rayguard.health.live import (
-    LAST_COMMITTED_KEY,
+from rayguard.health.live import LAST_COMMITTED_KEY
+from rayguard.health.quarantine import NodeFailure, node_failure_reason
+from rayguard.health.recovery import (
     LIVE,
     REPLICA_GROUP,
     RESTART,
     LiveAttempt,
+    RecoveryKind,
     RecoveryPath,
     plan_recovery_path,
 )
-from rayguard.health.quarantine import NodeFailure, node_failure_reason
 from rayguard.placement.exclude import exclude_nodes
+from rayguard.run.attempts import Attempt
 from rayguard.run.facts import cause_key
+
+logger = logging.getLogger("rayguard")
 
 
 def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
@@ -60,24 +67,27 @@ _UNKNOWN = object()  # a coordinator that did not answer
 
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
     def __init__(self, coordinator: Any, quarantine: bool = False, *,
-                 replica_groups: bool = False, live: bool = False) -> None:
+                 mode: RecoveryKind | str = RESTART) -> None:
         self.coordinator = coordinator
         self.fence = FenceView(coordinator) if quarantine else None
         """The quarantined nodes (``None``: quarantine off, no node is counted or left out)."""
-        self.replica_groups = replica_groups
-        """Ray replaces a failed replica group alone (``TorchftConfig``, or live recovery)."""
-        self.live = live
-        """Live recovery (:mod:`rayguard.train.live`): a replacement opens a new attempt, which
-        the survivors rejoin (``TorchftConfig``: no new attempt, torchft's own quorum)."""
+        self.mode = RecoveryKind(mode)
+        """How a failed worker can be recovered (:func:`rayguard.health.recovery.recovery_mode`):
+        ``LIVE`` (a replacement opens a new attempt, which the survivors rejoin:
+        :mod:`rayguard.train.live`), ``REPLICA_GROUP`` (``TorchftConfig``: Ray replaces a
+        failed replica group alone, no new attempt, torchft's own quorum) or ``RESTART``."""
+        if self.mode not in (RESTART, LIVE, REPLICA_GROUP):
+            raise ValueError(f"RayGuardCallback(mode={self.mode.value!r}): must be restart, "
+                             "live or replica_group")
         self._attempt = -1
         self._reported: set[tuple[int, int]] = set()
         self._nodes: list[str] = []  # the node of each rank of the running group
         self._failed: set[int] = set()  # the ranks failed at the last poll
         self._world = 0  # the ranks the last poll saw
         self._plan: RecoveryPath | None = None  # the path of the last poll's failure
-        self._live: tuple[int, tuple[int, ...], Any] | None = None
-        """The live attempt this group runs: ``(attempt, replaced ranks, the last committed
-        checkpoint when it opened)``; ``None``: the group's own start."""
+        self._live: tuple[Attempt, Any] | None = None
+        """The live attempt this group runs, with the last committed checkpoint when it
+        opened; ``None``: the group's own start."""
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         """Runs in the controller before each worker group starts: a new attempt, placed off
@@ -87,7 +97,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         from rayguard._ray.console import quiet_controller
 
         quiet_controller()  # a crashed worker's shutdown traceback: rayguard's line says it
-        self._attempt = ray.get(self.coordinator.new_attempt.remote())
+        opened: Attempt = ray.get(self.coordinator.open_attempt.remote(RESTART))
+        self._attempt = opened.number
         self._nodes = []
         self._live = None
         self._failed, self._plan = set(), None
@@ -101,7 +112,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         """Runs in the controller once the group's workers exist: each rank's node."""
-        if self.fence is not None or self.live:
+        if self.fence is not None or self.mode == LIVE:
             self._nodes = group_nodes(worker_group)
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
@@ -117,12 +128,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             if getattr(status, "error", None) is None:
                 self._reported.discard((self._attempt, rank))
         self._failed = set(worker_group_status.errors)
-        if self._failed:  # an in-place rollback may have opened attempts since the group start
-            try:
-                self._attempt = max(self._attempt, int(ray.get(
-                    self.coordinator.attempt.remote(), timeout=10)))
-            except Exception:
-                pass
+        if self._failed:
+            self._sync_attempt()
         for rank, error in worker_group_status.errors.items():
             if (self._attempt, rank) in self._reported:
                 continue
@@ -175,13 +182,30 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
                 attempt=self._attempt))
         return unseen
 
-    @property
-    def mode(self) -> str:
-        """How a failed worker can be recovered: :data:`~rayguard.health.live.LIVE`,
-        :data:`~rayguard.health.live.REPLICA_GROUP` or :data:`~rayguard.health.live.RESTART`."""
-        if not self.replica_groups:
-            return RESTART
-        return LIVE if self.live else REPLICA_GROUP
+    def _sync_attempt(self) -> None:
+        """The failed ranks ran in the run's latest attempt: an in-place rollback
+        (:mod:`rayguard.train.rollback`) opens attempts in the workers, after this group's
+        start, and its failures are the rollback's attempt's."""
+        import ray
+        from ray.exceptions import RayError
+
+        try:
+            latest: Attempt | None = ray.get(self.coordinator.latest_attempt.remote(),
+                                             timeout=10)
+        except RayError as exc:  # a timeout, the actor gone
+            logger.warning(
+                "rayguard: the run's coordinator did not say its latest attempt (%s): this "
+                "poll's worker failures are recorded under attempt %s, the group's own; an "
+                "in-place rollback since may have moved the workers to a later one", exc,
+                self._attempt)
+            return
+        if latest is None or latest.number < self._attempt:
+            raise RayGuardError(
+                f"the run's coordinator says its latest attempt is "
+                f"{None if latest is None else latest.number}, before attempt {self._attempt} "
+                "that this controller opened there: it lost the run's attempts (a new "
+                "coordinator?), so failures can no longer be told apart by attempt")
+        self._attempt = latest.number
 
     def _plan_recovery(self, worker_group_status: Any) -> RecoveryPath:
         """The poll's recovery path (:func:`rayguard.health.live.plan_recovery_path`),
@@ -191,7 +215,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         live_attempt = self._live_attempt() if mode == LIVE else None
         failed_live = live_attempt is not None and not live_attempt.settled
         lost = self._lost_nodes() if mode == LIVE and partial and not failed_live else []
-        plan = plan_recovery_path(self._failed, self._world, mode=mode,
+        plan = plan_recovery_path(self._failed, self._world, mode=mode, attempt=self._attempt,
                                   live_attempt=live_attempt, lost_nodes=lost)
         if not plan.alone and partial and mode != RESTART:
             from rayguard.exceptions import PeersLostError
@@ -201,12 +225,12 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
 
     def _live_attempt(self) -> LiveAttempt | None:
         """The failed attempt as a live recovery opened it (``None``: it was not one)."""
-        if self._live is None or self._live[0] != self._attempt:
+        if self._live is None or self._live[0].number != self._attempt:
             return None
-        attempt, replaced, committed = self._live
+        opened, committed = self._live
         now = self._committed()
         settled = now is not _UNKNOWN and committed is not _UNKNOWN and now != committed
-        return LiveAttempt(attempt, replaced, settled=settled)
+        return LiveAttempt(opened.number, opened.replaced, settled=settled)
 
     def _committed(self) -> Any:
         """The run's last committed checkpoint (``None``: none yet; :data:`_UNKNOWN`: the
@@ -238,38 +262,38 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         decision = getattr(failure_decision, "value", str(failure_decision))
         if decision != "RETRY":
             return
-        plan = self._plan or plan_recovery_path((), self._world, mode=self.mode)
+        plan = self._plan or plan_recovery_path((), self._world, mode=self.mode,
+                                                attempt=self._attempt)
         self._plan = None
-        ranks = list(plan.ranks)
-        if plan.path == LIVE:
-            self._open_live(ranks)
-        elif plan.path == REPLICA_GROUP:
-            self.coordinator.record.remote(make_event(
-                "restart", f"rank(s) {ranks} replaced in attempt {self._attempt} (Ray's "
-                "replica-group restart); the other workers keep their processes",
-                attempt=self._attempt, path="replica_group", ranks=ranks))
+        if plan.kind == LIVE:
+            self._open_live(plan)
+            return
+        ranks, attempt = list(plan.ranks), plan.attempt
+        if plan.kind == REPLICA_GROUP:
+            detail = (f"rank(s) {ranks} replaced in attempt {attempt} (Ray's replica-group "
+                      "restart); the other workers keep their processes")
         else:
-            fallback: dict[str, Any] = {"fallback": plan.fallback} if plan.fallback else {}
-            self.coordinator.record.remote(make_event(
-                "restart", f"worker group restarts after attempt {self._attempt}"
-                + (f" ({plan.fallback})" if plan.fallback else ""), attempt=self._attempt,
-                **fallback))
+            detail = (f"worker group restarts after attempt {attempt}"
+                      + (f" ({plan.fallback})" if plan.fallback else ""))
+        self.coordinator.record.remote(make_event("restart", detail, attempt=attempt,
+                                                  **plan.event_fields()))
 
-    def _open_live(self, ranks: list[int]) -> None:
+    def _open_live(self, plan: RecoveryPath) -> None:
         """Live recovery: the next attempt opens before Ray starts the replacement (which
         reads it), and the survivors' notice with it (:mod:`rayguard.health.live`)."""
         import ray
 
-        old = self._attempt
+        old, ranks = plan.attempt, list(plan.ranks)
         detail = (f"rank(s) {ranks} of attempt {old} replaced alone; the other workers keep "
                   "their processes and rejoin")
         committed = self._committed()
-        self._attempt = int(ray.get(self.coordinator.open_live.remote(old, ranks, detail),
-                                    timeout=30))
-        self._live = (self._attempt, tuple(ranks), committed)
+        opened: Attempt = ray.get(self.coordinator.open_attempt.remote(LIVE, old, ranks, detail),
+                                  timeout=30)
+        self._attempt = opened.number
+        self._live = (opened, committed)
         self.coordinator.record.remote(make_event(
-            "restart", f"{detail} in attempt {self._attempt}", attempt=old, path="live",
-            ranks=ranks, next_attempt=self._attempt))
+            "restart", f"{detail} in attempt {opened.number}", attempt=old,
+            **plan.event_fields(), next_attempt=opened.number))
 
     def _lost_nodes(self) -> list[str]:
         """The nodes of failed ranks that are gone (Ray's one-worker replacement would wait

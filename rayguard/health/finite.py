@@ -21,6 +21,7 @@ from rayguard.exceptions import (
 from rayguard.health.config import HealthConfig
 from rayguard.health.decisions import check_finite
 from rayguard.health.divergence import DIVERGED_KEY, DivergenceWatch
+from rayguard.health.recovery import RESTART, ROLLBACK
 
 
 class FiniteGuard:
@@ -47,7 +48,7 @@ class FiniteGuard:
         self.link.record("nan_detected", f"{decision.reason}; policy {health.nan_policy}"
                          + (" (every rank rolls back in place)" if deferred else ""),
                          step=step, wait=True, value=str(decision.value),
-                         path="in_place" if deferred else "restart")
+                         path=(ROLLBACK if deferred else RESTART).value)
         if deferred:
             return True
         self.flush()
@@ -74,7 +75,7 @@ class FiniteGuard:
         self.link.mark(DIVERGED_KEY, {"step": step})  # waited for: read after a restart
         self.link.record("diverged", f"{reason}; policy {health.nan_policy}"
                          + (" (every rank rolls back in place)" if deferred else ""),
-                         step=step, wait=True, path="in_place" if deferred else "restart",
+                         step=step, wait=True, path=(ROLLBACK if deferred else RESTART).value,
                          skip_data=self.divergence.config.skip_data)
         if deferred:
             return True

@@ -1,7 +1,7 @@
 """RunCoordinator: one small Ray actor per ``fit()`` that outlives worker-group restarts.
 
-It holds what must survive a restart of the worker group: the attempt counter, faults
-already fired, checkpoints already rejected, and the event log; and it offers the one
+It holds what must survive a restart of the worker group: the run's attempts (their one
+owner, :class:`~rayguard.run.attempts.Attempts`), faults already fired, checkpoints already rejected, and the event log; and it offers the one
 collective rayguard needs outside torch.distributed (a gather keyed by tag), so that
 set-up and checkpoint commits work whatever backend (gloo, NCCL) the user's group runs.
 
@@ -23,8 +23,10 @@ from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.health.eviction import RankScore
 from rayguard.health.live import LAST_COMMITTED_KEY, live_key, opened_key
 from rayguard.health.quarantine import NodeFailure
+from rayguard.health.recovery import LIVE, RecoveryKind
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
+from rayguard.run.attempts import Attempt, Attempts
 from rayguard.run.diagnosis import Diagnoses, open_key, place_key
 from rayguard.run.facts import CAUSE, KILLED, cause_key, loaded_key, rank_fact
 from rayguard.run.fence import NodeFence
@@ -41,7 +43,7 @@ class RunCoordinator(MemoryHost):
         self._log = EventLog(events_file)
         self._observer = RunObserver(**(observe or {"run": "run", "metrics": None}))
         self._fence = NodeFence(**(fence or {"quarantine_after": None}))
-        self._attempt = -1
+        self._attempts = Attempts()
         self._claims: set[str] = set()
         self._rejected: dict[str, str] = {}
         self._facts = FactBoard()
@@ -55,20 +57,38 @@ class RunCoordinator(MemoryHost):
         """The highest step the run is known to have reached (reports, summaries, faults)."""
         self._commit_steps: list[int] = []
         """Steps of the checkpoints this fit() committed, in commit order."""
-        self._group_started: dict[int, float] = {}  # attempt -> when its group was asked for
         self._notable: list[dict[str, Any]] = []
         self._init_memory()  # the memory tier (rayguard/run/memory_host.py)
         self._diagnoses = Diagnoses(self._record_diagnosis,
                                     lambda attempt, rank: self._facts.get(place_key(attempt, rank)))
 
     # -- attempts and events -------------------------------------------------------------
-    def new_attempt(self) -> int:
-        self._attempt += 1
-        self._group_started[self._attempt] = time.time()
-        return self._attempt
+    def open_attempt(self, kind: RecoveryKind | str, failed: int | None = None,
+                     replaced: list[int] | None = None, detail: str = "") -> Attempt:
+        """Open the run's next attempt (the one place that does: a whole group's start, a
+        live replacement, an in-place rollback); returns it. A ``LIVE`` attempt replaces
+        ``replaced`` of the ``failed`` attempt alone: the survivors get their notice
+        (:func:`~rayguard.health.live.live_key` of ``failed``, ``detail`` in it) and every
+        wait of ``failed`` is released (its gathers can no longer complete)."""
+        if RecoveryKind(kind) != LIVE:
+            return self._attempts.open(kind, replaced=replaced or ())
+        if failed is None:
+            raise ValueError("open_attempt(LIVE): name the failed attempt the survivors leave")
+        opened = self._attempts.open(LIVE, replaced=replaced or ())
+        notice = {"attempt": opened.number, "ranks": list(opened.replaced),
+                  "at": opened.opened_at, "detail": detail}
+        self._facts.put(live_key(failed), notice)
+        self._facts.put(opened_key(opened.number), notice)
+        self._gathers.release(f"a{failed}:")
+        return opened
+
+    def latest_attempt(self) -> Attempt | None:
+        """The attempt opened last, as it opened (``None``: none yet)."""
+        return self._attempts.latest
 
     def attempt(self) -> int:
-        return max(self._attempt, 0)
+        """The number of the attempt running now (0 before the first opens)."""
+        return self._attempts.current
 
     def record(self, event: dict[str, Any]) -> None:
         if event.get("attempt") is None:
@@ -85,9 +105,10 @@ class RunCoordinator(MemoryHost):
             self._reached(event.get("last_step", event.get("step")))
         if event.get("kind") in NOTABLE_KINDS:
             self._notable.append(event)
-        if event.get("kind") == "attempt_started" and event["attempt"] in self._group_started:
-            # the start of the restart's worker-start phase (rayguard.observe.goodput)
-            event.setdefault("group_start_time", self._group_started[event["attempt"]])
+        if event.get("kind") == "attempt_started":
+            opened = self._attempts.get(event["attempt"])
+            if opened is not None:  # the start of the restart's worker-start phase (goodput)
+                event.setdefault("group_start_time", opened.opened_at)
         self._observer.annotate(event)
         self._log.append(event)
         self._observer.emit(event)
@@ -249,18 +270,6 @@ class RunCoordinator(MemoryHost):
         """The fact ``key`` once there (at once when it is); ``None`` after ``timeout_s``:
         a long poll, so a rank watching a fact asks once per ``timeout_s``, not per second."""
         return await bounded(self._facts.wait(key), timeout_s)
-
-    # -- live recovery (rayguard/train/live.py) --------------------------------------------
-    def open_live(self, attempt: int, ranks: list[int], detail: str) -> int:
-        """Ray replaces the failed ``ranks`` of ``attempt`` alone: open the next attempt, leave
-        the survivors their notice, and release every wait of ``attempt`` (its gathers can no
-        longer complete). Returns the new attempt."""
-        new = self.new_attempt()
-        notice = {"attempt": new, "ranks": sorted(ranks), "at": time.time(), "detail": detail}
-        self._facts.put(live_key(attempt), notice)
-        self._facts.put(opened_key(new), notice)
-        self._gathers.release(f"a{attempt}:")
-        return new
 
     # -- hang diagnosis (rayguard/run/diagnosis.py) ---------------------------------------
     def open_diagnosis(self, attempt: int, rank: int, world_size: int, wait_s: float) -> bool:

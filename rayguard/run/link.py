@@ -20,6 +20,8 @@ from typing import Any
 
 from rayguard.events import make_event
 from rayguard.exceptions import PeersLostError, RayGuardError
+from rayguard.health.recovery import RecoveryKind
+from rayguard.run.attempts import Attempt
 from rayguard.run.memory_link import MemoryCalls, NullMemoryCalls
 from rayguard.run.poll import FactPoll
 from rayguard.run.timeouts import LinkTimeouts
@@ -151,11 +153,12 @@ class RunLink(MemoryCalls):
                 return ray.get(ref)
             self.progress()
 
-    def new_attempt(self) -> int:
-        """Open the run's next attempt at the coordinator (an in-place rollback's)."""
+    def open_attempt(self, kind: RecoveryKind) -> Attempt:
+        """Open the run's next attempt at the coordinator, its one owner (an in-place
+        rollback's: :mod:`rayguard.run.attempts`); returns it."""
         import ray
 
-        return int(ray.get(self.actor.new_attempt.remote(), timeout=self.timeouts.answer_s))
+        return ray.get(self.actor.open_attempt.remote(kind), timeout=self.timeouts.answer_s)
 
     def claim(self, key: str) -> bool:
         """Whether this rank is the first of the run to ask for ``key``."""
@@ -319,8 +322,8 @@ class NullLink(NullMemoryCalls, RunLink):
     def _send_event(self, event: dict[str, Any], wait: bool) -> None:
         return None
 
-    def new_attempt(self) -> int:
-        return int(self.ctx.attempt) + 1
+    def open_attempt(self, kind: RecoveryKind) -> Attempt:
+        return Attempt(int(self.ctx.attempt) + 1, RecoveryKind(kind), opened_at=time.time())
 
     def mark(self, key: str, value: Any) -> None:
         return None

@@ -10,8 +10,8 @@ process group, the compiled code and the data loader's worker processes stay;
 ``rayguard.train.load_state()`` (and ``ray.train.get_checkpoint()``) then return the last
 committed checkpoint, from the memory tier when it holds it, else from disk.
 
-Accounting as a restart: rank 0 takes a new attempt from the run's coordinator and every
-rank moves to it (the gathers of the new attempt are its own), the event log gets
+Accounting as a restart: rank 0 opens a new attempt at the run's coordinator (its one
+owner, :mod:`rayguard.run.attempts`) and every rank moves to it (the gathers of the new attempt are its own), the event log gets
 ``restart`` (``path="in_place"``, its phases), ``attempt_started`` and then ``restored``,
 so goodput and the progress line count it as one; the run's restart budget
 (``FailureConfig(max_failures)``) bounds the in-place rollbacks of a run, past it the run
@@ -28,6 +28,7 @@ from typing import Any
 
 from rayguard.exceptions import FatalNonFiniteMetricError
 from rayguard.health.divergence import DIVERGED_KEY
+from rayguard.health.recovery import LIVE, RecoveryPath, plan_recovery_path
 
 ROLLBACKS_KEY = "in_place_rollbacks"
 """Coordinator key: the run's in-place rollbacks (rank 0 counts): ``{"count", "step",
@@ -91,6 +92,7 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
     started = time.time()
     pending = session.checkpointer.pending_commit()  # the checkpoint in flight commits first
     mine, what = None, "NaN/inf"
+    plan = rollback_path(ctx.world_size, ctx.attempt)
     if ctx.rank == 0:
         if session.guard.health.divergence is not None and (
                 link.get(DIVERGED_KEY) or {}).get("step") == rollback.step:
@@ -102,7 +104,8 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
                                  what=what)
         link.mark(ROLLBACKS_KEY, {"count": decision.count, "step": rollback.step,
                                   "repeats": decision.repeats})
-        mine = (decision.ok, decision.reason, link.new_attempt() if decision.ok else None,
+        opened = link.open_attempt(plan.kind).number if decision.ok else None
+        mine = (decision.ok, decision.reason, opened,
                 pending or session.forwarding.last_path)  # a commit returns to rank 0 only
     reported = bridge.latest_reported() if rollback.reported else None
     answers = link.gather(f"rollback{session.report_count}-{bridge.count}", (mine, reported))
@@ -115,9 +118,8 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
             "learning rate, clip gradients, or check the data at that step.")
     agreed = time.time()
     if ctx.rank == 0:
-        link.record("restart", f"{what} at step {rollback.step}: every rank re-enters the "
-                    f"training function in its own process (attempt {attempt})",
-                    step=rollback.step, path="in_place",
+        link.record("restart", f"{what} at step {rollback.step}: {plan.reason} (attempt "
+                    f"{attempt})", step=rollback.step, **plan.event_fields(),
                     phases={"agree_s": agreed - rollback.seen_at, "settle_s": agreed - started})
     session.end_attempt_steps()  # the steps so far are the old attempt's (goodput)
     ctx.attempt = attempt
@@ -126,7 +128,14 @@ def re_enter(session: Any, bridge: Any, rollback: RollBack, max_failures: int) -
     if ctx.rank == 0:
         link.record("attempt_started", f"attempt {attempt} started in place with "
                     f"{ctx.world_size} worker(s)", world_size=ctx.world_size,
-                    setup_start_time=started, path="in_place")
+                    setup_start_time=started, path=plan.kind.value)
 
 
-__all__ = ["ROLLBACKS_KEY", "RollBack", "RollbackDecision", "plan_rollback", "re_enter"]
+def rollback_path(world_size: int, attempt: int) -> RecoveryPath:
+    """The path of an in-place rollback of ``attempt`` (live recovery's, every rank at once):
+    :func:`rayguard.health.recovery.plan_recovery_path`."""
+    return plan_recovery_path((), world_size, mode=LIVE, attempt=attempt, in_place=True)
+
+
+__all__ = ["ROLLBACKS_KEY", "RollBack", "RollbackDecision", "plan_rollback", "re_enter",
+           "rollback_path"]

@@ -227,7 +227,7 @@ def run_one(ranks: int, hosts_n: int, window_s: float) -> dict[str, Any]:
     run_dir = tempfile.mkdtemp(prefix="bench-scale-")
     coordinator = start_coordinator(os.path.join(run_dir, "events.jsonl"),
                                     observe={"run": "bench", "metrics": None})
-    ray.get(coordinator.new_attempt.remote())
+    ray.get(coordinator.open_attempt.remote("restart"))
     coord_pid = ray.get(coordinator.__ray_call__.remote(lambda self: os.getpid()))
     nodes = (ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE
     hosts_n = min(hosts_n, nodes)
@@ -253,7 +253,8 @@ def run_one(ranks: int, hosts_n: int, window_s: float) -> dict[str, Any]:
     spans = [h.rendezvous.remote(victim) for h in hosts]
     time.sleep(0.2)  # every survivor waits for the notice
     opened = time.time()
-    ray.get(coordinator.open_live.remote(0, [victim], "bench: one rank replaced"))
+    ray.get(coordinator.open_attempt.remote("live", 0, [victim],
+                                               "bench: one rank replaced"))
     out["rendezvous_s"] = round(max(e for _, e in ray.get(spans)) - opened, 3)
     sent0 = sum(ray.get([h.sent.remote() for h in hosts]))
     host_cpu0 = sum(ray.get([h.cpu.remote() for h in hosts]))

@@ -20,7 +20,7 @@ def coordinator(tmp_path):
 
     actor = start_coordinator(os.path.join(tmp_path, "events.jsonl"),
                               observe={"run": "scale", "metrics": None})
-    ray.get(actor.new_attempt.remote())
+    ray.get(actor.open_attempt.remote("restart"))
     yield actor
     ray.get(actor.close.remote())
     ray.kill(actor)

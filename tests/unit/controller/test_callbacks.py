@@ -4,6 +4,7 @@ recorded as a restart."""
 
 from __future__ import annotations
 
+import pytest
 from ray.exceptions import ActorDiedError
 from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
@@ -118,3 +119,43 @@ def test_worker_died_carries_the_classified_failure(coordinator, events) -> None
         "error", "config", True, "not_retried", "rayguard.exceptions.ConfigError")
     assert tuple(died[1][k] for k in fields[:4]) == ("injected kill", "kill", False, "retried")
     assert tuple(died[2][k] for k in fields[:4]) == ("error", "error", False, "after_one_repeat")
+
+
+def test_a_failure_after_an_in_place_rollback_is_the_rollbacks_attempt(coordinator, events) -> None:
+    callback = RayGuardCallback(coordinator)
+    callback.before_worker_group_start(None)
+    opened = coordinator.target.open_attempt("in_place")  # rank 0 rolled back in the workers
+    callback.after_worker_group_poll_status(status({0: ValueError("bad")}))
+    assert callback._attempt == opened.number == 1
+    assert [e["attempt"] for e in events() if e["kind"] == "worker_died"] == [1]
+
+
+def test_a_coordinator_that_does_not_say_its_attempt_is_logged_with_what_it_means(
+        coordinator, events, caplog) -> None:
+    from ray.exceptions import GetTimeoutError
+
+    class Slow:
+        def __getattr__(self, name):
+            if name == "latest_attempt":
+                raise GetTimeoutError("no answer in 10 s")
+            return getattr(coordinator, name)
+
+    callback = RayGuardCallback(Slow())
+    callback.before_worker_group_start(None)
+    coordinator.target.open_attempt("in_place")
+    with caplog.at_level("WARNING", logger="rayguard"):
+        callback.after_worker_group_poll_status(status({0: ValueError("bad")}))
+    assert "recorded under attempt 0, the group's own" in caplog.text
+    assert [e["attempt"] for e in events() if e["kind"] == "worker_died"] == [0]
+
+
+def test_a_coordinator_behind_the_controller_raises(coordinator, tmp_path) -> None:
+    from rayguard.exceptions import RayGuardError
+    from rayguard.run.coordinator import RunCoordinator
+
+    callback = RayGuardCallback(coordinator)
+    callback.before_worker_group_start(None)
+    callback.before_worker_group_start(None)
+    coordinator.target = RunCoordinator(str(tmp_path / "other.jsonl"))  # the run's attempts lost
+    with pytest.raises(RayGuardError, match="latest attempt is None, before attempt 1"):
+        callback.after_worker_group_poll_status(status({0: ValueError("bad")}))

@@ -69,7 +69,7 @@ def test_other_errors_follow_rays_budget(coordinator, events) -> None:
     error = group_error({0: RuntimeError("flaky")})
     decisions = []
     for origin in ("a.py:1 in f", "b.py:2 in g", "c.py:3 in h"):  # never the same twice: no loop
-        coordinator.target.new_attempt()
+        coordinator.target.open_attempt("restart")
         coordinator.target.record_failure(0, coordinator.target.attempt(), "builtins.RuntimeError",
                                           origin, step=-1, summary="RuntimeError: flaky")
         decisions.append(policy.make_decision(error))
@@ -82,7 +82,7 @@ def test_a_repeated_failure_with_no_progress_is_a_crash_loop(coordinator, events
     error = group_error({0: ValueError("my bug")})
     decisions = []
     for _ in range(2):
-        coordinator.target.new_attempt()
+        coordinator.target.open_attempt("restart")
         coordinator.target.record_failure(0, coordinator.target.attempt(), "builtins.ValueError",
                                           "train.py:3 in train_fn", step=-1, summary="ValueError: my bug")
         decisions.append(policy.make_decision(error))

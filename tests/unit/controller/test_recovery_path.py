@@ -1,8 +1,8 @@
-"""Which path a failure's recovery takes (rayguard/health/live.py::plan_recovery_path, pure),
-and the controller callback applying it on Ray's own poll-status objects with the run's real
-coordinator in process: a killed rank replaced alone, and a live recovery that fails falling
-back to one whole-group restart, never to another replacement alone (measured at 16 ranks:
-rank 11 killed, then ranks [10, 12] and [11] "replaced alone" again)."""
+"""The controller callback applying the recovery path (rayguard/health/recovery.py, its
+table in tests/unit/health/test_recovery.py) on Ray's own poll-status objects with the run's
+real coordinator in process: a killed rank replaced alone, and a live recovery that fails
+falling back to one whole-group restart, never to another replacement alone (measured at 16
+ranks: rank 11 killed, then ranks [10, 12] and [11] "replaced alone" again)."""
 
 from __future__ import annotations
 
@@ -19,71 +19,10 @@ from rayguard._ray.train import FailureDecision, fail_every_worker, marked_faile
 from rayguard.controller.callbacks import RayGuardCallback
 from rayguard.controller.failure_policy import GuardFailurePolicy
 from rayguard.exceptions import PeersLostError
-from rayguard.health.live import (
-    LIVE,
-    REPLICA_GROUP,
-    RESTART,
-    LiveAttempt,
-    live_key,
-    plan_recovery_path,
-)
+from rayguard.health.live import live_key
+from rayguard.health.recovery import LIVE
 
 WORLD = 16
-
-
-# -- the decision table, one test per row ------------------------------------------------------
-def test_row_1_no_rank_failed_restarts_the_group() -> None:
-    plan = plan_recovery_path((), 4, mode=LIVE)
-    assert plan.path == RESTART and plan.ranks == (0, 1, 2, 3) and plan.fallback is None
-
-
-def test_row_2_recovery_restart_restarts_the_group() -> None:
-    plan = plan_recovery_path({1}, 4, mode=RESTART, live_attempt=LiveAttempt(1, (1,)))
-    assert plan.path == RESTART and not plan.alone and plan.fallback is None
-
-
-def test_row_3_a_live_attempt_that_fails_falls_back_whichever_ranks_failed() -> None:
-    live = LiveAttempt(1, (11,))
-    survivors = plan_recovery_path({10, 12}, WORLD, mode=LIVE, live_attempt=live)
-    assert survivors.path == RESTART and survivors.ranks == tuple(range(WORLD))
-    assert survivors.fallback == survivors.reason
-    assert "survivor(s) [10, 12] failed in it" in survivors.fallback
-    assert "live attempt 1 (rank(s) [11] replaced) failed before its first commit" in survivors.fallback
-    replacement = plan_recovery_path({11}, WORLD, mode=LIVE, live_attempt=live)
-    assert replacement.path == RESTART and "replacement(s) [11] failed in it" in (replacement.fallback or "")
-    everyone = plan_recovery_path(range(WORLD), WORLD, mode=LIVE, live_attempt=live)
-    assert everyone.path == RESTART and "live attempt 1" in (everyone.fallback or "")
-    # row 3 comes before a lost node: the failed live recovery is the reason
-    lost = plan_recovery_path({11}, WORLD, mode=LIVE, live_attempt=live, lost_nodes=["n"])
-    assert "live attempt 1" in (lost.fallback or "")
-
-
-def test_row_4_every_rank_failed_restarts_and_says_why_under_live_recovery() -> None:
-    live = plan_recovery_path({0, 1}, 2, mode=LIVE)
-    assert live.path == RESTART and "every rank failed" in (live.fallback or "")
-    torchft = plan_recovery_path({0, 1}, 2, mode=REPLICA_GROUP)
-    assert torchft.path == RESTART and torchft.fallback is None
-    settled = plan_recovery_path({0, 1}, 2, mode=LIVE, live_attempt=LiveAttempt(3, (1,), True))
-    assert settled.path == RESTART and "every rank failed" in (settled.fallback or "")
-
-
-def test_row_5_a_lost_node_restarts_the_group() -> None:
-    plan = plan_recovery_path({2}, 4, mode=LIVE, lost_nodes=["f96b8a0123456789"])
-    assert plan.path == RESTART and "f96b8a012345 of rank(s) [2] lost" in (plan.fallback or "")
-    assert plan_recovery_path({2}, 4, mode=REPLICA_GROUP, lost_nodes=["n"]).path == REPLICA_GROUP
-
-
-def test_row_6_replica_groups_replace_the_failed_ranks_alone() -> None:
-    plan = plan_recovery_path({2, 0}, 4, mode=REPLICA_GROUP, live_attempt=LiveAttempt(1, (2,)))
-    assert plan.path == REPLICA_GROUP and plan.ranks == (0, 2) and plan.alone
-
-
-def test_row_7_live_replaces_the_failed_ranks_alone_and_again_after_a_settled_attempt() -> None:
-    first = plan_recovery_path({11}, WORLD, mode=LIVE)
-    assert first.path == LIVE and first.ranks == (11,) and first.fallback is None
-    settled = LiveAttempt(1, (11,), settled=True)  # it committed: a failure now is a new loss
-    again = plan_recovery_path({4}, WORLD, mode=LIVE, live_attempt=settled)
-    assert again.path == LIVE and again.ranks == (4,)
 
 
 # -- the callback applying it --------------------------------------------------------------
@@ -105,7 +44,7 @@ def replaced_alone_by_ray(status: WorkerGroupPollStatus) -> bool:
 def live(coordinator, monkeypatch) -> RayGuardCallback:
     monkeypatch.setattr(ray, "nodes", lambda: [
         {"NodeID": f"node{i}", "Alive": True, "Resources": {"CPU": 4.0}} for i in range(4)])
-    callback = RayGuardCallback(coordinator, replica_groups=True, live=True)
+    callback = RayGuardCallback(coordinator, mode=LIVE)
     callback.before_worker_group_start(None)
     workers = [SimpleNamespace(metadata=SimpleNamespace(node_id=f"node{r // 4}"))
                for r in range(WORLD)]
@@ -205,7 +144,7 @@ def test_the_failure_policy_counts_only_the_workers_own_failures(coordinator) ->
     policy = GuardFailurePolicy(FailureConfig(max_failures=10), coordinator, crash_loop_retries=1)
     decisions = []
     for _ in range(2):
-        coordinator.target.new_attempt()
+        coordinator.target.open_attempt("restart")
         coordinator.target.record_failure(1, coordinator.target.attempt(), "builtins.ValueError",
                                           "train.py:3 in loop", step=-1,
                                           summary="ValueError: my bug")

@@ -52,13 +52,13 @@ def test_live_wait_s_is_validated():
 def test_opening_a_live_recovery_releases_the_lost_attempts_waits(tmp_path):
     c = InProcessCoordinator(RunCoordinator(str(tmp_path / "events.jsonl"),
                                             {"run": "t", "metrics": None}))
-    c.new_attempt()
+    c.open_attempt("restart")
     out: dict[str, object] = {}
     waiter = threading.Thread(target=lambda: out.update(v=c.gather("a0:flags3", 0, 2, 1)))
     waiter.start()
     time.sleep(0.2)
     assert waiter.is_alive()  # rank 1 never comes: rank 0 waits
-    new = c.open_live(0, [1], "rank 1 replaced")
+    new = c.open_attempt("live", 0, [1], "rank 1 replaced").number
     waiter.join(timeout=10)
     assert not waiter.is_alive() and out["v"] is None
     assert new == 1 and c.attempt() == 1
@@ -72,7 +72,7 @@ def test_opening_a_live_recovery_releases_the_lost_attempts_waits(tmp_path):
 
 def test_the_last_committed_checkpoint_is_kept_for_a_live_attempt(tmp_path):
     c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
-    c.new_attempt()
+    c.open_attempt("restart")
     for step in (4, 9):
         c.record({"kind": "checkpoint_committed", "step": step, "path": f"/r/ckpt{step}",
                   "time": time.time(), "detail": "x"})

@@ -298,7 +298,7 @@ def test_the_coordinator_stamps_when_an_attempts_group_was_started(tmp_path):
     from rayguard.run.coordinator import RunCoordinator
 
     coordinator = RunCoordinator(str(tmp_path / "events.jsonl"))
-    coordinator.new_attempt()
+    coordinator.open_attempt("restart")
     event = make_event("attempt_started", "attempt 0 started", rank=0, attempt=0,
                        setup_start_time=123.0)
     coordinator.record(event)
@@ -430,12 +430,12 @@ def test_the_coordinator_knows_the_highest_step_the_run_reached(tmp_path):
 
     coordinator = RunCoordinator(str(tmp_path / "events.jsonl"))
     assert coordinator.high_step() is None
-    coordinator.new_attempt()
+    coordinator.open_attempt("restart")
     coordinator.progress({"step": 7})
     coordinator.record(make_event("steps", "rank 1", rank=1, attempt=0, last_step=12, step=12))
     coordinator.record(make_event("fault_injected", "kill", rank=1, attempt=0, step=13))
     assert coordinator.high_step() == 13
-    coordinator.new_attempt()
+    coordinator.open_attempt("restart")
     coordinator.record(make_event("restored", "restored", rank=0, attempt=1, step=4))
     coordinator.progress({"step": 5})
     assert coordinator.high_step() == 13  # the restore and the replay do not lower it

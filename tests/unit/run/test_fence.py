@@ -47,7 +47,7 @@ def test_two_attempts_quarantine_the_node_once_with_event_file_and_metric(tmp_pa
 
 def test_a_lift_takes_effect_at_the_next_group_and_forgives_earlier_failures(tmp_path) -> None:
     c = coordinator(tmp_path, quarantine_after=2)
-    c.new_attempt(), c.new_attempt()
+    c.open_attempt("restart"), c.open_attempt("restart")
     c.record_node_failures([NodeFailure(A, 0, "killed"), NodeFailure(A, 1, "killed")])
     assert c.excluded_nodes() == [A]
     quarantine_file.lift(quarantine_file.quarantine_path(tmp_path), ["aaaaaa"])

@@ -163,7 +163,7 @@ def test_a_nodes_summaries_make_one_steps_event_that_names_its_ranks(tmp_path):
     import json
 
     c = coordinator(tmp_path)
-    c.new_attempt()
+    c.open_attempt("restart")
     from rayguard.observe.steps import StepTimer
 
     def summary(rank: int) -> dict:

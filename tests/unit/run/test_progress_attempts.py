@@ -20,7 +20,7 @@ def test_the_checkpoint_shown_is_not_newer_than_the_step_shown(tmp_path):
     # Rank 0 sends its step at most every 2 s; a fast run commits meanwhile (measured on the
     # quickstart: "step 0 | ... | checkpoint step 29").
     c = coordinator(tmp_path)
-    c.new_attempt()
+    c.open_attempt("restart")
     c.progress({"step": 0, "metrics": {"loss": 4.2}, "time": 1.0, "world_size": 2})
     commit(c, 29)
     commit(c, 59)
@@ -34,10 +34,10 @@ def test_the_checkpoint_shown_is_not_newer_than_the_step_shown(tmp_path):
 
 def test_after_a_restart_the_step_shown_is_the_new_attempts(tmp_path):
     c = coordinator(tmp_path)
-    c.new_attempt()
+    c.open_attempt("restart")
     c.progress({"step": 68, "metrics": {"loss": 0.2}, "time": 10.0, "world_size": 2})
     commit(c, 69)
-    c.new_attempt()  # the group died; attempt 1 resumes from checkpoint 69
+    c.open_attempt("restart")  # the group died; attempt 1 resumes from checkpoint 69
     view = c.get_progress()
     assert view["attempt"] == 1 and "step" not in view  # not attempt 0's step 68
     assert view["metrics"] == {"loss": 0.2}  # still RobustTrainer.last_metrics
@@ -66,12 +66,12 @@ def test_the_same_step_twice_prints_once():
 
 def test_a_restart_says_the_last_step_rank_0_reported_in_the_failed_attempt(tmp_path):
     c = coordinator(tmp_path)
-    c.new_attempt()
+    c.open_attempt("restart")
     c.progress({"step": 41, "metrics": {}, "time": 12.5, "world_size": 2})
     restart = {"kind": "restart", "detail": "", "attempt": 0, "time": 20.0}
     c.record(restart)
     assert restart["last_step"] == 41 and restart["last_step_time"] == 12.5
-    c.new_attempt()  # attempt 1 has reported nothing yet: its restart says nothing
+    c.open_attempt("restart")  # attempt 1 has reported nothing yet: its restart says nothing
     quiet = {"kind": "restart", "detail": "", "attempt": 1, "time": 30.0}
     c.record(quiet)
     assert "last_step" not in quiet

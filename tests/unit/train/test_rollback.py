@@ -77,3 +77,58 @@ def test_a_deferred_nan_is_recorded_and_returned_not_raised(policy, defer, outco
     kind, extra = link.events[-1]
     assert kind == "nan_detected" and extra["step"] == 4
     assert extra["path"] == ("in_place" if outcome == "deferred" else "restart")
+
+
+@pytest.mark.parametrize("budget, rolls_back", [(-1, True), (0, False)])
+def test_an_in_place_rollback_opens_its_attempt_at_the_runs_owner(tmp_path, monkeypatch,
+                                                                  budget, rolls_back):
+    import json
+    from types import SimpleNamespace
+
+    import ray
+    import torch
+
+    from rayguard.config import GuardConfig
+    from rayguard.exceptions import FatalNonFiniteMetricError
+    from rayguard.health.recovery import ROLLBACK
+    from rayguard.run.coordinator import RunCoordinator
+    from rayguard.run.link import RunLink
+    from rayguard.testing.coordinator import InProcessCoordinator
+    from rayguard.train.context import GuardContext
+    from rayguard.train.rollback import re_enter
+
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    coordinator = InProcessCoordinator(RunCoordinator(str(tmp_path / "events.jsonl"),
+                                                      {"run": "t", "metrics": None}))
+    coordinator.open_attempt("restart")
+    ctx = GuardContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                       node_id="n0", device=torch.device("cpu"), seed=None, attempt=0,
+                       run_dir=str(tmp_path))
+    rolled: list = []
+    session = SimpleNamespace(
+        link=RunLink(ctx, coordinator), ctx=ctx, guard=GuardConfig(), report_count=3,
+        checkpointer=SimpleNamespace(pending_commit=lambda: None),
+        forwarding=SimpleNamespace(last_path="/r/ckpt4"), end_attempt_steps=lambda: None,
+        injector=SimpleNamespace(attempt=0))
+    bridge = SimpleNamespace(count=0, latest_reported=lambda: None,
+                             rolled_back=lambda path, reported: rolled.append(path))
+    try:
+        if not rolls_back:
+            with pytest.raises(FatalNonFiniteMetricError, match="max_failures=0"):
+                re_enter(session, bridge, RollBack(7), max_failures=budget)
+            assert coordinator.latest_attempt().number == 0 and ctx.attempt == 0
+            return
+        re_enter(session, bridge, RollBack(7), max_failures=budget)
+    finally:
+        coordinator.stop()
+    opened = coordinator.target.latest_attempt()
+    assert (opened.number, opened.kind) == (1, ROLLBACK)
+    assert ctx.attempt == session.injector.attempt == 1 and rolled == ["/r/ckpt4"]
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    restart, started = (json.loads(line) for line in lines)
+    assert (restart["kind"], restart["attempt"], restart["path"]) == ("restart", 0, "in_place")
+    assert restart["detail"] == ("NaN/inf at step 7: every rank re-enters the training "
+                                 "function in its own process (attempt 1)")
+    assert (started["kind"], started["attempt"], started["path"]) == (
+        "attempt_started", 1, "in_place")
+    assert started["group_start_time"] == opened.opened_at
