@@ -50,7 +50,7 @@ from rayguard.events import events_path
 from rayguard.events import read as read_events
 from rayguard.run.coordinator import RunCoordinator
 from rayguard.testing.coordinator import InProcessCoordinator
-from rayguard.testing.fake_workers import Clock, Cluster, FakeWorker, Loop, Slot
+from rayguard.testing.fake_workers import Clock, Cluster, FakeWorker, Loop, Node, Slot, node_id
 from rayguard.trainer import RobustTrainer
 
 TERMINAL = ("FINISHED", "ERRORED", "ABORTED")
@@ -78,7 +78,7 @@ class Group:
 
     attempt: int
     nodes: tuple[str, ...]
-    """Each rank's node."""
+    """Each rank's node, by name."""
     pids: tuple[int, ...]
     replaced: tuple[int, ...] = ()
     """The ranks a replica-group replacement started (the others kept their processes)."""
@@ -178,17 +178,20 @@ class ControllerHarness:
         self.clock.advance(seconds)
 
     # -- the cluster -----------------------------------------------------------------------
-    def lose_node(self, node: str) -> None:
+    def lose_node(self, name: str) -> None:
         """The node goes away with every worker on it."""
-        self.cluster.nodes[node].alive = False
+        self.cluster.nodes[name].alive = False
         for w in self.workers:
-            if w.node == node:
-                w.die(f"node {node} lost")
+            if w.node_name == name:
+                w.die(f"node {name} lost")
 
-    def add_node(self, node: str, cpus: float) -> None:
-        from rayguard.testing.fake_workers import Node
+    def add_node(self, name: str, cpus: float) -> None:
+        self.cluster.nodes[name] = Node(name, float(cpus))
 
-        self.cluster.nodes[node] = Node(node, float(cpus))
+    @staticmethod
+    def node(name: str) -> str:
+        """The Ray node id of the node called ``name`` (what events and workers carry)."""
+        return node_id(name)
 
     # -- what happened ---------------------------------------------------------------------
     @property
@@ -233,7 +236,7 @@ class _Script:
         h = self.h
         attempt = int(h.coordinator.attempt())
         h.workers = [self._worker(s, r, len(slots), attempt) for r, s in enumerate(slots)]
-        h.groups.append(Group(attempt, tuple(s.node_id for s in slots),
+        h.groups.append(Group(attempt, tuple(s.name for s in slots),
                               tuple(w.pid for w in h.workers)))
         h.workers[0].link.record("attempt_started", f"attempt {attempt} started with "
                                  f"{len(slots)} worker(s)", world_size=len(slots))
@@ -250,13 +253,13 @@ class _Script:
     def replace(self, rank: int) -> Slot:
         h = self.h
         old = h.workers[rank]
-        if not h.cluster.nodes[old.node].alive:  # Ray waits for the bundle on a dead node
+        if not h.cluster.nodes[old.node_name].alive:  # Ray waits for the bundle
             raise startup_timeout(1)
         attempt = int(h.coordinator.attempt())
         h.workers[rank] = self._worker(old.slot, rank, len(h.workers), attempt)
         for w in h.workers:
             w.ctx.attempt = attempt  # the survivors rejoin the new attempt
-        h.groups.append(Group(attempt, tuple(w.node for w in h.workers),
+        h.groups.append(Group(attempt, tuple(w.node_name for w in h.workers),
                               tuple(w.pid for w in h.workers), replaced=(rank,)))
         return old.slot
 

@@ -47,11 +47,24 @@ class Clock:
         self.now += seconds
 
 
+def node_id(name: str) -> str:
+    """The Ray node id (56 lowercase hex digits, as the quarantine file requires) a test's
+    node ``name`` stands for: its bytes in hex, padded with zeros."""
+    text = name.encode().hex()
+    if len(text) > 56:
+        raise ValueError(f"node name {name!r}: at most 28 bytes")
+    return text.ljust(56, "0")
+
+
 @dataclass
 class Node:
-    node_id: str
+    name: str
     cpus: float
     alive: bool = True
+
+    @property
+    def node_id(self) -> str:
+        return node_id(self.name)
 
 
 @dataclass(frozen=True)
@@ -61,11 +74,14 @@ class Slot:
     node_id: str
     resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
     gpu_ids: tuple[str, ...] = ()
+    name: str = ""
+    """The node's name in the test."""
 
 
 class Cluster:
     def __init__(self, nodes: dict[str, float]) -> None:
         self.nodes = {n: Node(n, float(c)) for n, c in nodes.items()}
+        """By name (a test's word for a node; Ray and the events see :func:`node_id`)."""
 
     def ray_nodes(self) -> list[dict[str, Any]]:
         """``ray.nodes()`` as Ray answers it."""
@@ -76,16 +92,16 @@ class Cluster:
               cpus_per_worker: float) -> list[Slot]:
         """``num_workers`` slots on alive nodes, in node order, honouring each worker's node
         selector; Ray's start-up timeout error when they do not fit."""
-        room = {n.node_id: int(n.cpus // cpus_per_worker) for n in self.nodes.values() if n.alive}
+        room = {n.name: int(n.cpus // cpus_per_worker) for n in self.nodes.values() if n.alive}
         slots = []
         for worker in range(num_workers):
             selector = (selectors or [{}] * num_workers)[worker] or {}
             node = next((n for n, left in room.items()
-                         if left > 0 and admits(selector.get(NODE_ID_LABEL), n)), None)
+                         if left > 0 and admits(selector.get(NODE_ID_LABEL), node_id(n))), None)
             if node is None:
                 raise startup_timeout(num_workers)
             room[node] -= 1
-            slots.append(Slot(node, {"CPU": cpus_per_worker}))
+            slots.append(Slot(node_id(node), {"CPU": cpus_per_worker}, name=node))
         return slots
 
 
@@ -112,6 +128,8 @@ class FakeWorker:
                  health: HealthConfig, clock: Clock, run_dir: str, resumed_step: int) -> None:
         self.slot = slot
         self.node = slot.node_id
+        self.node_name = slot.name
+        """The node's name in the test (:attr:`node` is its Ray id)."""
         self.pid = next(self._pids)
         """A new process has a new pid (a survivor of a live recovery keeps its own)."""
         self.ctx = SimpleNamespace(rank=rank, world_size=world_size, attempt=attempt,
