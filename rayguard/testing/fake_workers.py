@@ -7,7 +7,9 @@ in a real worker: its :class:`~rayguard.run.link.RunLink` to the run coordinator
 :class:`~rayguard.health.stall.StallResponder`, its :class:`~rayguard.observe.steps.StepTimer`
 (the step summaries the straggler rule reads), and ``record_failure`` when the loop raises.
 Time is the script's clock, moved by ``step_s`` per poll (or by ``advance``): a 30-minute
-start-up bound takes a few milliseconds.
+start-up bound takes a few milliseconds. Ranks are not coupled: where a real rank would be
+blocked in a collective with a peer (DDP's all-reduce, a survivor waiting for its
+replacement), the loop says so by not reporting.
 
 :class:`Cluster` is the nodes (id -> CPUs, alive or not) the placement, ``ray.nodes()`` and
 Ray's autoscaling reservations read.
