@@ -46,6 +46,7 @@ from rayguard._ray.harness import (
 from rayguard._ray.train import create_scaling_policy
 from rayguard.config import GuardConfig
 from rayguard.controller import fence
+from rayguard.controller.fence import FenceView
 from rayguard.events import events_path
 from rayguard.events import read as read_events
 from rayguard.run.coordinator import RunCoordinator
@@ -135,6 +136,10 @@ class ControllerHarness:
         scaling = policies.get("scaling_policy") or create_scaling_policy(
             self.trainer.scaling_config)
         no_reservation_cache(scaling)
+        for holder in (scaling, *callbacks):  # its 1 s cache is real time, not the clock's
+            for view in (getattr(holder, "fence", None), getattr(holder, "excluded", None)):
+                if isinstance(view, FenceView):
+                    view.ttl_s = 0.0
         self.scaling_policy, self.failure_policy = scaling, policies["failure_policy"]
         self.callbacks = callbacks
         return build_controller(_Script(self), self.trainer.train_run_context, scaling,

@@ -160,6 +160,10 @@ class FakeWorker:
     def attempt(self) -> int:
         return int(self.ctx.attempt)
 
+    @property
+    def world_size(self) -> int:
+        return int(self.ctx.world_size)
+
     # -- what the loop does ---------------------------------------------------------------
     def report(self, **metrics: Any) -> None:
         """One step completed and reported (the watchdog, the step timer, rank 0's progress)."""
