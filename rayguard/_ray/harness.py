@@ -105,7 +105,7 @@ class ScriptedWorkerGroup(WorkerGroup):
         self._group_state: Any = None
         self._latest: Any = None
         backend = getattr(train_run_context, "backend_config", None)
-        self._replica_groups = bool(getattr(getattr(backend, "backend_cls", None),
+        self._each_its_own_group = bool(getattr(getattr(backend, "backend_cls", None),
                                             "has_replica_groups", False))
 
     @classmethod
@@ -123,9 +123,9 @@ class ScriptedWorkerGroup(WorkerGroup):
         workers = [_worker(r, rank, num) for rank, r in enumerate(records)]
         for hook in self._hooks:
             hook.before_init_train_context(workers)
-        self._group_state = WorkerGroupState(start_time=time_monotonic(),
-                                             placement_group_handle=None, workers=workers,
-                                             sync_actor=None)
+        self._group_state = WorkerGroupState(  # no placement group, no sync actor
+            start_time=time_monotonic(), placement_group_handle=None,  # type: ignore[arg-type]
+            workers=workers, sync_actor=None)  # type: ignore[arg-type]
         for hook in self._hooks:
             hook.after_worker_group_start(self)
         self.script.started([w.record for w in workers])
@@ -133,7 +133,7 @@ class ScriptedWorkerGroup(WorkerGroup):
     def poll_status(self, timeout: float | None = None) -> Any:
         statuses = {rank: WorkerStatus(running=running, error=error)
                     for rank, (running, error) in self.script.poll().items()}
-        mapping = {r: r for r in statuses} if self._replica_groups else None
+        mapping = {r: r for r in statuses} if self._each_its_own_group else None
         status = WorkerGroupPollStatus(worker_statuses=statuses,
                                        worker_rank_to_replica_group_rank=mapping)
         self._latest = status

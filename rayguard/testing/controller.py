@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 
 from rayguard._ray.harness import (
     build_controller,
