@@ -89,12 +89,14 @@ class ControllerHarness:
     """A run of ``loop`` under Ray's controller with rayguard's controller side.
 
     ``num_workers``: an int, or ``(min, max)`` for an elastic run. ``nodes``: node id ->
-    CPUs (default: one node holding every worker). ``step_s``: the clock's move per poll."""
+    CPUs (default: one node holding every worker). ``step_s``: the clock's move per poll.
+    ``torch_config``: as ``RobustTrainer`` takes it (Ray's ``TorchftConfig``: replica groups)."""
 
     def __init__(self, tmp_path: Any, loop: Loop, *, num_workers: int | tuple[int, int] = 2,
                  guard: GuardConfig | None = None, failure_config: FailureConfig | None = None,
                  nodes: dict[str, float] | None = None, cpus_per_worker: float = 1.0,
-                 step_s: float = 1.0, name: str = "run", **scaling: Any) -> None:
+                 step_s: float = 1.0, name: str = "run", torch_config: Any = None,
+                 **scaling: Any) -> None:
         most = num_workers[1] if isinstance(num_workers, tuple) else num_workers
         self.cluster = Cluster(nodes or {"node-0": most * cpus_per_worker})
         self.clock = Clock(time.time())
@@ -114,7 +116,8 @@ class ControllerHarness:
                                              resources_per_worker={"CPU": cpus_per_worker},
                                              **scaling),
                 run_config=RunConfig(storage_path=str(tmp_path), name=name,
-                                     failure_config=failure_config or FailureConfig()))
+                                     failure_config=failure_config or FailureConfig()),
+                **({"torch_config": torch_config} if torch_config is not None else {}))
             self.run_dir = self.trainer.run_dir
             os.makedirs(self.run_dir, exist_ok=True)
             self.coordinator = InProcessCoordinator(RunCoordinator(

@@ -3,8 +3,8 @@ reason), as rayguard's callback plans it and Ray Train's real controller execute
 replacement of one worker alone through Ray's replica-group path, or a whole-group restart
 (rayguard.testing.controller).
 
-Proves the path decisions of tests/ray/test_live_replace.py and tests/ray/test_live_node_loss.py
-(each test names its twin). Not covered here: the exact weights after a recovery (real DDP
+Proves the path decisions of tests/ray/test_live_replace.py, tests/ray/test_live_node_loss.py
+and tests/ray/test_torchft.py (each test names its twin). Not covered here: the exact weights after a recovery (real DDP
 over gloo), the survivors leaving their broken process group and re-forming it with the
 replacement (rayguard.train.live), the memory tier's restore, Ray's warm spare process, and
 Ray placing the replacement on the placement group's bundle.
@@ -141,6 +141,20 @@ def test_a_failure_after_the_live_attempt_committed_is_a_new_loss(harness):
     h = harness(until(10, two_kills), num_workers=2, guard=live()).run()
     assert h.state == "FINISHED" and paths(h) == [("live", [1]), ("live", [1])]
     assert [g.attempt for g in h.groups] == [0, 1, 2] and h.groups[2].replaced == (1,)
+
+
+def test_replica_groups_replace_the_failed_rank_alone_without_a_new_attempt(harness):
+    # tests/ray/test_torchft.py::test_rank1_replaced_rank0_keeps_its_process (its path)
+    from ray.train.v2.torch.torchft_config import TorchftConfig
+
+    h = harness(until(10, kill_at(1, 5)), num_workers=2,
+                torch_config=TorchftConfig(lighthouse_kwargs={"min_replicas": 2}, backend="gloo"))
+    h.run()
+    assert h.state == "FINISHED" and paths(h) == [("replica_group", [1])]
+    first, replaced = h.groups
+    assert replaced.replaced == (1,) and replaced.attempt == first.attempt == 0
+    assert replaced.pids[0] == first.pids[0] and replaced.pids[1] != first.pids[1]
+    assert h.kinds().count("attempt_started") == 1  # no worker-group restart
 
 
 def test_without_live_recovery_every_failure_restarts_the_group(harness):
