@@ -54,6 +54,8 @@ from rayguard.testing.coordinator import InProcessCoordinator
 from rayguard.testing.fake_workers import Clock, Cluster, FakeWorker, Loop, Node, Slot, node_id
 from rayguard.trainer import RobustTrainer
 
+__all__ = ["ControllerHarness", "FakeWorker", "Group", "HarnessError", "steady"]
+
 TERMINAL = ("FINISHED", "ERRORED", "ABORTED")
 
 
