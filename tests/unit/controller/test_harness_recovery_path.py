@@ -3,8 +3,8 @@ reason), as rayguard's callback plans it and Ray Train's real controller execute
 replacement of one worker alone through Ray's replica-group path, or a whole-group restart
 (rayguard.testing.controller).
 
-Proves the path decisions of tests/ray/test_live_replace.py, tests/ray/test_live_node_loss.py
-and tests/ray/test_torchft.py (each test names its twin). Not covered here: the exact weights after a recovery (real DDP
+Proves the path decisions of tests/ray/test_live_replace.py, tests/ray/test_live_node_loss.py,
+tests/ray/test_torchft.py and tests/ray/test_scale_workers.py (each test names its twin). Not covered here: the exact weights after a recovery (real DDP
 over gloo), the survivors leaving their broken process group and re-forming it with the
 replacement (rayguard.train.live), the memory tier's restore, Ray's warm spare process, and
 Ray placing the replacement on the placement group's bundle.
@@ -78,6 +78,19 @@ def test_the_middle_rank_of_three_is_replaced_alone(harness):
     assert h.state == "FINISHED" and paths(h) == [("live", [1])]
     first, replaced = h.groups
     assert [replaced.pids[r] == first.pids[r] for r in range(3)] == [True, False, True]
+
+
+def test_sixteen_workers_a_kill_is_replaced_alone(harness):
+    # tests/ray/test_scale_workers.py::test_sixteen_workers_a_kill_is_replaced_alone (its path)
+    nodes = {f"n{i}": 4 for i in range(4)}
+    h = harness(until(14, kill_at(11, 8)), num_workers=16, nodes=nodes, guard=live(),
+                failure_config=FailureConfig(max_failures=3, controller_failure_limit=0)).run()
+    assert h.state == "FINISHED" and paths(h) == [("live", [11])]
+    first, replaced = h.groups
+    kept = [r for r in range(16) if replaced.pids[r] == first.pids[r]]
+    assert kept == [r for r in range(16) if r != 11]
+    assert replaced.nodes == first.nodes  # the replacement is on the lost rank's node
+    assert [e["rank"] for e in h.events("worker_died")] == [11]
 
 
 def test_a_lost_node_falls_back_to_a_group_restart(harness):
