@@ -78,3 +78,21 @@ def test_a_lifted_quarantine_takes_effect_at_the_next_start(harness):
     h.run(until=lambda h: len(h.groups) == 3)
     assert h.groups[2].nodes == ("bad", "bad")
     assert [e["node"] for e in h.events("quarantine_lifted")] == [h.node("bad")]
+
+
+def test_an_elastic_run_goes_on_without_a_quarantined_node(harness):
+    # the elastic policy counts only admitted nodes: it shrinks instead of waiting
+    def dies_on_bad_or_ends(w):
+        if w.node_name == "bad":
+            return w.die("SIGKILL")
+        if w.step >= 2:
+            return w.finish()
+        w.report(loss=1.0)
+
+    h = harness(dies_on_bad_or_ends, num_workers=(1, 2), nodes={"good": 1, "bad": 1},
+                failure_config=FailureConfig(max_failures=3),
+                elastic_resize_monitor_interval_s=0.0).run()
+    assert h.state == "FINISHED" and not h.events("placement_wait")
+    (fenced,) = h.events("node_quarantined")
+    assert fenced["node"] == h.node("bad") and fenced["attempts"] == [0, 1]
+    assert [g.nodes for g in h.groups] == [("good", "bad"), ("good", "bad"), ("good",)]
