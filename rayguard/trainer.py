@@ -188,6 +188,15 @@ class RobustTrainer(GuardHooksTrainer):
 
         return make_scaling_policy(self.scaling_config, self.guard_config, fence, self.run_dir)
 
+    def _coordinator_args(self) -> dict[str, Any]:
+        """The run coordinator's ``observe`` (run name, straggler rule) and ``fence``
+        arguments (:class:`~rayguard.run.coordinator.RunCoordinator`)."""
+        health = self.guard_config.health
+        return {"observe": {"run": os.path.basename(self.run_dir.rstrip("/")) or "run",
+                            "straggler_threshold": health.straggler_threshold,
+                            "straggler_window_s": health.straggler_window_s},
+                "fence": self._fence_args()}
+
     def _fence_args(self) -> dict[str, Any]:
         """The run coordinator's quarantine settings (rayguard.run.fence.NodeFence)."""
         from rayguard.health.quarantine_file import quarantine_path
@@ -225,11 +234,7 @@ class RobustTrainer(GuardHooksTrainer):
             events_file = os.path.join(tempfile.mkdtemp(prefix="rayguard-events-"),
                                        EVENTS_FILENAME)
             self._uploader = LogUploader(events_file, run_dir, self._remote_fs).start()
-        health = self.guard_config.health
-        self._coordinator = start_coordinator(events_file, observe={
-            "run": os.path.basename(run_dir.rstrip("/")) or "run",
-            "straggler_threshold": health.straggler_threshold,
-            "straggler_window_s": health.straggler_window_s}, fence=self._fence_args())
+        self._coordinator = start_coordinator(events_file, **self._coordinator_args())
         coordinator = self._coordinator
         saved_env = self._set_env()
         if self._budget_note:

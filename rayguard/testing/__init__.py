@@ -1,5 +1,7 @@
 """Fault injection and test helpers, shipped with the library so that recovery can be
-rehearsed on a real cluster (``RAYGUARD_FAULTS``) as well as in tests."""
+rehearsed on a real cluster (``RAYGUARD_FAULTS``) as well as in tests. Controller decisions
+are tested without a cluster by :mod:`rayguard.testing.controller` (``ControllerHarness``:
+Ray Train's real controller, scripted workers; imported from there, as it imports Ray Train)."""
 
 from rayguard.faults import Fault, FaultInjector, parse_faults
 

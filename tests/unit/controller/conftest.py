@@ -44,3 +44,20 @@ def events(coordinator: InProcessHandle) -> Any:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     return read
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Any:
+    """``harness(loop, **kwargs)``: a :class:`~rayguard.testing.controller.ControllerHarness`
+    in its own run directory under ``tmp_path``, closed after the test."""
+    from rayguard.testing.controller import ControllerHarness
+
+    made: list[ControllerHarness] = []
+
+    def make(loop: Any, **kwargs: Any) -> ControllerHarness:
+        made.append(ControllerHarness(tmp_path / f"h{len(made)}", loop, **kwargs))
+        return made[-1]
+
+    yield make
+    for h in reversed(made):
+        h.close()
