@@ -227,6 +227,9 @@ def rendezvous(link: RunLink, wait_s: float) -> dict[str, float]:
                             world_size=ctx.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s),
                             **({"device_id": ctx.device} if cuda else {}))
+    # as Ray's own set-up leaves them: frameworks read the group's address from the
+    # environment (Accelerate refuses a multi-worker start without MASTER_ADDR)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = str(host), str(port)
     done = time.monotonic()
     return {**phases, "store_s": stored - started, "pg_init_s": done - stored,
             "rendezvous_s": done - started}

@@ -353,8 +353,9 @@ class GuardedTrainFn:
             session, link, session.forwarder, session.checkpointer.collective, store, inner,
             in_place=self.guard.recovery == "live",
             accept_unsealed=self.guard.checkpoint.accept_unsealed))
-        if live_path:  # get_checkpoint(): the run's last commit, the same on every rank
-            bridge.rolled_back(link.get(LAST_COMMITTED_KEY))
+        if live_path:  # get_checkpoint(): the run's last commit, verified again when chosen
+            bridge.rolled_back(committed := link.get(LAST_COMMITTED_KEY),
+                               reported=committed is not None)
         if ctx.rank == 0:
             link.record("attempt_started", f"attempt {ctx.attempt} started with "
                         f"{ctx.world_size} worker(s)", world_size=ctx.world_size,

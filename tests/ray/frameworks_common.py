@@ -147,15 +147,16 @@ def rejected_names(run_dir: str) -> list[str]:
 
 
 def starts(log: str) -> list[int]:
-    """The first step rank 0 completed in each of its processes (one per attempt, or per
-    ``fit()``), in order, from the JSONL the loops' recorders write."""
-    first: dict[int, int] = {}
+    """The first step rank 0 completed in each run of the training function (a process
+    per attempt on a restart; one process re-entering the function per attempt under live
+    recovery), in order, from the JSONL the loops' recorders write."""
+    first: dict[tuple[int, int], int] = {}
     if not os.path.exists(log):
         return []
     for line in Path(log).read_text().splitlines():
         rec = json.loads(line)
         if rec["rank"] == 0:
-            first.setdefault(rec["pid"], rec["step"])
+            first.setdefault((rec["pid"], rec["attempt"]), rec["step"])
     return list(first.values())
 
 
