@@ -64,7 +64,7 @@ def goodput_section(g: dict[str, Any] | None) -> str:
         f"<p class='goodput-ratio'><b>goodput {float(g['ratio']):.2f}</b>: "
         f"{float(g['productive_s']):.1f} s of new steps in {wall:.1f} s of wall time, "
         f"{int(g.get('restarts') or 0)} restart(s), "
-        f"{counted(int(g.get('replayed_steps') or 0), str(g.get('step_unit') or 'step'))} "
+        f"{counted(int(g.get('replayed_steps') or 0), str(g.get('replay_unit') or 'step'))} "
         "replayed</p>",
         badput_bar(g), table,
         f"<p>{html.escape(str(g['checkpoint_interval']))}</p>" if g.get("checkpoint_interval")

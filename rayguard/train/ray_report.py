@@ -110,6 +110,8 @@ class Observer(Protocol):
 
     def paced(self, *, checkpointed: bool, seconds: float) -> None: ...
 
+    def replays(self, before: int) -> None: ...
+
 
 class RayReportBridge:
     """What rayguard does around one worker's ``ray.train.report``/``get_checkpoint``:
@@ -193,8 +195,11 @@ class RayReportBridge:
             self.sealed_step = None
             self._chosen = None if latest is None else self._agreed_choice(latest)
             observer = self.observer
+            before = observer.last_step
             observer.last_step = resumed_last_step(self._chosen is not None, self.sealed_step,
-                                                   observer.last_step)
+                                                   before)
+            if self._chosen is not None:  # the steps up to the run's highest are done again
+                observer.replays(before)
         return self._chosen
 
     def rolled_back(self, path: str | None, *, reported: bool = False) -> None:

@@ -42,7 +42,12 @@ from rayguard.train.pinning import bind_numa, pin_cuda
 from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
 from rayguard.train.rollback import RollBack, re_enter
 from rayguard.train.seeding import rank_seed, seed_everything
-from rayguard.train.session import WorkerSession, current_session, set_current_session
+from rayguard.train.session import (
+    LateSession,
+    WorkerSession,
+    current_session,
+    set_current_session,
+)
 from rayguard.train.store import CheckpointStore, LocalStore, store_for
 
 logger = logging.getLogger("rayguard")
@@ -145,21 +150,12 @@ def _store(run_dir: str) -> CheckpointStore:
     return store_for(run_dir, ray.train.get_context().get_storage().storage_filesystem)
 
 
-class _LastStep:
-    """The stall responder reads the last step of a session built after it."""
-
-    session: WorkerSession | None = None
-
-    def __call__(self) -> int:
-        return -1 if self.session is None else self.session.last_step
-
-
 def start_watch(link: RunLink, guard: GuardConfig, store: CheckpointStore, *,
-                live: bool = False) -> tuple[RunLink, Watchdog, _LastStep, HangProbe]:
+                live: bool = False) -> tuple[RunLink, Watchdog, LateSession, HangProbe]:
     """The watchdog of this worker, with its stall responder and hang probe (built in the
     training thread: its top frame goes in a diagnosis), and the loop's link (whose waits
     feed it)."""
-    last_step = _LastStep()
+    last_step = LateSession()
     local = store.fs is None
     probe = HangProbe(link, dump=lambda: dump_stacks(link.ctx, local_run_dir=local),
                       wait_s=guard.health.diagnosis_wait_s)
@@ -311,7 +307,7 @@ class GuardedTrainFn:
                       agents=os.environ.get(NODE_AGENTS_ENV_VAR)), self.guard, store,
             live=self.live)
         watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
-        hook = watch_optimizer_steps(watchdog.heartbeat)
+        hook = watch_optimizer_steps(watchdog.heartbeat, last_step.optimizer_stepped)
         try:
             _preflight(ctx, self.guard)
         except Exception as exc:

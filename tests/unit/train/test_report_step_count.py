@@ -125,6 +125,7 @@ class _Observer:
     def __init__(self) -> None:
         self.last_step = -1
         self.steps: list[int] = []
+        self.replays_from: list[int] = []
 
     def observe(self, metrics: dict[str, Any], *, step: int | None = None, state: Any = None,
                 defer_nan: bool = False) -> tuple[dict[str, Any], int]:
@@ -141,6 +142,9 @@ class _Observer:
 
     def paced(self, *, checkpointed: bool, seconds: float) -> None:
         pass
+
+    def replays(self, before: int) -> None:
+        self.replays_from.append(before)
 
 
 class _Forwarder:
@@ -176,6 +180,7 @@ def test_every_rank_counts_on_from_the_step_the_one_choice_carries(monkeypatch):
     assert coordinator.facts[CHOSEN_KEY.format(attempt=1)] == ("/run/checkpoint_000004", 49)
     assert waiter.get_checkpoint() is latest  # read from the chooser's answer, not chosen again
     for bridge in (chooser, waiter):
+        assert bridge.observer.replays_from == [-1]  # type: ignore[attr-defined]
         assert bridge.sealed_step == 49
         bridge.report({"loss": 0.5})
         bridge.report({"loss": 0.4})
@@ -191,6 +196,7 @@ def test_nothing_chosen_is_a_fresh_count_on_every_rank(monkeypatch):
     for bridge in (chooser, waiter):
         bridge.observer.last_step = 120  # an in-place rollback's process had reached 120
         assert bridge.get_checkpoint() is None
+        assert bridge.observer.replays_from == []  # type: ignore[attr-defined]
         bridge.report({"loss": 0.5})
         assert bridge.observer.steps == [0]  # type: ignore[attr-defined]
 
