@@ -20,8 +20,9 @@ from rayguard._ray.spare import claim_process
 from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, NODE_AGENTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import PeersLostError, WorkerSetupError
-from rayguard.faults import Fault, FaultInjector, parse_faults
+from rayguard.faults import Fault, FaultInjector
 from rayguard.faults.injector import announcer
+from rayguard.faults.spec import faults_from
 from rayguard.health.hang import HangProbe, install_counting_hook
 from rayguard.health.live import LAST_COMMITTED_KEY
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
@@ -299,8 +300,7 @@ class GuardedTrainFn:
         ctx = _base_context(self.run_dir, read_attempt(self.coordinator)
                             if attempt is None else attempt)
         check_rank_env(dict(os.environ), ctx)
-        faults = parse_faults(";".join(filter(None, [self.guard.faults,
-                                                     os.environ.get(FAULTS_ENV_VAR)])))
+        faults = faults_from(self.guard.faults, os.environ.get(FAULTS_ENV_VAR))
         store = _store(ctx.run_dir)
         link, watchdog, last_step, probe = start_watch(
             make_link(ctx, self.coordinator, alone=self.replica_groups,
