@@ -168,3 +168,41 @@ def test_the_compact_log_keeps_the_optimizer_counts():
 ])
 def test_the_replay_is_in_optimizer_steps_only_when_reports_are_rarer(attempts, expected):
     assert replay_in_optimizer_steps(attempts) == expected
+
+
+def _report_data(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``rayguard report`` builds of a run's events, the goodput beside the timeline."""
+    from rayguard.observe.report_goodput import replay_in_optimizer_steps
+    from rayguard.observe.timeline import build_run
+
+    data = build_run(events)
+    data["goodput"] = goodput(events).to_dict()
+    replay_in_optimizer_steps(data)
+    return data
+
+
+def test_the_report_s_timeline_counts_the_same_optimizer_steps():
+    from rayguard.observe.report import _restart_table, summary_rows
+    from rayguard.observe.timeline import build_run
+
+    events = trainer_killed()
+    plain = build_run(events)["summary"]
+    data = _report_data(events)
+    assert [r["replayed_steps"] for r in data["restarts"]] == [10]
+    assert "replayed optimizer steps" in _restart_table(data)
+    s = data["summary"]
+    assert "10 optimizer steps replayed" in dict(summary_rows(s, OPTIMIZER_UNIT))[
+        "time lost to failures"]
+    # the time lost is the same: the replayed report's time over its 10 optimizer steps
+    assert s["time_lost_s"] == plain["time_lost_s"]
+    assert s["replayed_steps"] * s["mean_step_s"] == pytest.approx(
+        plain["replayed_steps"] * plain["mean_step_s"])
+
+
+def test_the_report_of_a_loop_reporting_every_step_is_unchanged():
+    from rayguard.observe.timeline import build_run
+
+    events = trainer_killed(per_report=1)
+    data = _report_data(events)
+    assert data["restarts"] == build_run(events)["restarts"]
+    assert data["summary"] == build_run(events)["summary"]
