@@ -29,7 +29,8 @@ MARKER = b'"steps"'
 BASE = ("time", "kind", "rank", "node", "step", "attempt", "detail")
 SUMMARY = ("reports", "intervals", "step_time_sum_s", "step_time_max_s", "blocked_sum_s",
            "blocked_max_s", "first_step", "last_step", "first_time", "last_time", "begin_time",
-           "replay_time_s", "replay_steps", "metric", "gpu_ids", "straggler_score")
+           "replay_time_s", "replay_steps", "optimizer_steps", "replay_optimizer_steps",
+           "metric", "gpu_ids", "straggler_score")
 
 if msgspec is not None:
     _Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
@@ -60,6 +61,8 @@ if msgspec is not None:
         begin_time: _Num | None = None
         replay_time_s: _Num | None = None
         replay_steps: _Int | None = None
+        optimizer_steps: _Int | None = None
+        replay_optimizer_steps: _Int | None = None
         metric: str | None = None
         samples: list[_Sample] = []
         gpu_ids: list[_Int] | None = None

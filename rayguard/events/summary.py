@@ -16,7 +16,7 @@ NUMBER_FIELDS = ("time", "first_time", "last_time", "begin_time", "step_time_sum
                  "replay_time_s")
 """Fields read as numbers (int or float, never a bool)."""
 INT_FIELDS = ("attempt", "rank", "step", "first_step", "last_step", "intervals", "reports",
-              "replay_steps")
+              "replay_steps", "optimizer_steps", "replay_optimizer_steps")
 """Fields read as integers (never a bool)."""
 
 
@@ -49,6 +49,8 @@ class StepSummary:
     intervals: int | None
     reports: int | None
     replay_steps: int | None
+    optimizer_steps: int | None
+    replay_optimizer_steps: int | None
     metric: Any
     samples: Any
     reach: int | None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rayguard.exceptions import NonFiniteMetricError
 from rayguard.failures.fatal import AFTER_ONE_REPEAT, NOT_RETRIED, RETRIED, fatal_cause
 from rayguard.failures.patterns import reads_as_collateral, text_cause
+from rayguard.faults.spec import read_injected_mark
 
 CAUSES = ("hang", "nan", "preflight", "config", "setup", "checkpoint", "oom", "preemption",
           "kill", "error", "unknown")
@@ -75,15 +76,20 @@ def _died(exc: BaseException) -> bool:
 
 def _label_reason(exc: BaseException, mark: str | None, died: bool) -> tuple[str, str]:
     """The 0.1 ``cause`` label and the one-line reason. A NaN the guard detected reads as
-    ``nan`` even when the NaN was injected (the reason says so): the guard stopped it."""
+    ``nan`` even when the NaN was injected (the reason says so): the guard stopped it. An
+    injected fault's reason names where it was given (``GuardConfig(faults=...)`` or
+    ``RAYGUARD_FAULTS``)."""
     name = type(exc).__name__
     lines = [line for line in str(exc).splitlines() if line.strip()]
     first = lines[0].strip() if lines else ""
+    injected = read_injected_mark(mark)
     if isinstance(exc, NonFiniteMetricError):
-        injected = " (the NaN was injected: RAYGUARD_FAULTS)" if mark == "injected nan" else ""
-        return "nan", f"{name}: {first[:300]}{injected}"
-    if mark and mark.startswith("injected"):
-        return mark, f"{mark} (RAYGUARD_FAULTS)"
+        note = (f" (the NaN was injected: {injected[1]})"
+                if injected is not None and injected[0] == "injected nan" else "")
+        return "nan", f"{name}: {first[:300]}{note}"
+    if injected is not None:
+        label, source = injected
+        return label, f"{label} ({source})"
     if mark and mark.startswith("killed by rayguard"):
         return mark.rsplit(": ", 1)[-1], f"{mark} (see the stall_detected event)"
     if died:
@@ -94,8 +100,9 @@ def _label_reason(exc: BaseException, mark: str | None, died: bool) -> tuple[str
 def is_kill_mark(mark: object) -> bool:
     """Whether a worker's mark says it was killed on purpose: by rayguard's watchdog
     (``killed by rayguard: <bound>``) or by an injected kill."""
+    injected = read_injected_mark(mark)
     return isinstance(mark, str) and (mark.startswith("killed by rayguard")
-                                      or mark == "injected kill")
+                                      or (injected is not None and injected[0] == "injected kill"))
 
 
 def classify(exc: BaseException, mark: str | None = None) -> Failure:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayguard.exceptions import InjectedFault
-from rayguard.faults.spec import KINDS, POINTS, Fault, parse_faults
+from rayguard.faults.spec import KINDS, POINTS, Fault, injected_mark, parse_faults
 from rayguard.run.facts import cause_key
 
 __all__ = ["KINDS", "POINTS", "Fault", "FaultInjector", "announcer", "parse_faults"]
@@ -94,9 +94,9 @@ def announcer(link: Any, last_step: Callable[[], int]) -> Callable[[Fault, int |
     controller, and ``fault_injected`` at the fault's step (``last_step()`` at a load)."""
     def on_fire(fault: Fault, step: int | None = None) -> None:
         ctx = link.ctx
-        link.mark(cause_key(ctx.attempt, ctx.rank), f"injected {fault.kind}")
-        link.record("fault_injected", f"injected {fault.kind} ({fault.key}; RAYGUARD_FAULTS or "
-                    "GuardConfig(faults=))", step=last_step() if step is None else step,
-                    wait=True, fault=fault.kind)
+        link.mark(cause_key(ctx.attempt, ctx.rank), injected_mark(fault.kind, fault.source))
+        link.record("fault_injected", f"injected {fault.kind} ({fault.key}; from "
+                    f"{fault.source})", step=last_step() if step is None else step,
+                    wait=True, fault=fault.kind, source=fault.source)
 
     return on_fire

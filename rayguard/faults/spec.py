@@ -16,17 +16,31 @@ Fields: ``rank`` (an int or ``*``, default ``*``), ``step`` (int; required unles
 rayguard's worker set-up, before the rank has told the others it is there), ``attempt`` (only on that
 attempt; default: the first attempt that reaches the fault), ``seconds`` (hang only; default
 forever), ``metric`` (nan only; default ``loss``).
+
+A fault knows where it was given (:attr:`Fault.source`: :data:`CONFIG_SOURCE` or
+:data:`ENV_SOURCE`), and the mark it leaves for the controller says so
+(:func:`injected_mark`, read back by :func:`read_injected_mark`): a failure reads
+``injected kill (GuardConfig(faults=...))``, not a guess between the two.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rayguard.constants import FAULTS_ENV_VAR
 from rayguard.exceptions import FaultSpecError
 
 KINDS = ("kill", "hang", "raise", "nan")
 POINTS = ("report", "load", "setup")
 _FIELDS = {"rank", "step", "at", "attempt", "seconds", "metric"}
+
+CONFIG_SOURCE = "GuardConfig(faults=...)"
+"""A fault given in the trainer's ``GuardConfig``."""
+ENV_SOURCE = FAULTS_ENV_VAR
+"""A fault given in the ``RAYGUARD_FAULTS`` environment variable."""
+SOURCES = (CONFIG_SOURCE, ENV_SOURCE)
+EITHER_SOURCE = f"{CONFIG_SOURCE} or {ENV_SOURCE}"
+"""What a mark with no source (left by an older worker) says of where its fault came from."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,9 @@ class Fault:
     attempt: int | None = None
     seconds: float | None = None
     metric: str = "loss"
+    source: str = CONFIG_SOURCE
+    """Where the fault was given: :data:`CONFIG_SOURCE` or :data:`ENV_SOURCE` (not part of
+    :attr:`key`: the same fault given in both fires once)."""
 
     @property
     def key(self) -> str:
@@ -75,7 +92,7 @@ def _int_field(part: str, name: str, value: str) -> int:
     return number
 
 
-def _parse_one(part: str) -> Fault:
+def _parse_one(part: str, source: str) -> Fault:
     kind, _, rest = part.partition(":")
     kind = kind.strip()
     if kind not in KINDS:
@@ -120,11 +137,36 @@ def _parse_one(part: str) -> Fault:
         attempt=_int_field(part, "attempt", fields["attempt"]) if "attempt" in fields else None,
         seconds=seconds,
         metric=fields.get("metric", "loss"),
+        source=source,
     )
 
 
-def parse_faults(spec: str | None) -> tuple[Fault, ...]:
-    """Parse a fault spec; raises :class:`FaultSpecError` naming the bad part and the fix."""
+def parse_faults(spec: str | None, *, source: str = CONFIG_SOURCE) -> tuple[Fault, ...]:
+    """Parse a fault spec given in ``source``; raises :class:`FaultSpecError` naming the bad
+    part and the fix."""
     if not spec or not spec.strip():
         return ()
-    return tuple(_parse_one(part.strip()) for part in spec.split(";") if part.strip())
+    return tuple(_parse_one(part.strip(), source) for part in spec.split(";") if part.strip())
+
+
+def faults_from(config: str | None, env: str | None) -> tuple[Fault, ...]:
+    """Every fault of a worker: ``GuardConfig(faults=config)``'s, then the ``RAYGUARD_FAULTS``
+    environment variable's (``env``), each with its source."""
+    return parse_faults(config) + parse_faults(env, source=ENV_SOURCE)
+
+
+def injected_mark(kind: str, source: str) -> str:
+    """The mark a worker leaves before an injected fault fires (the controller classifies
+    its failure by it): ``injected kill (RAYGUARD_FAULTS)``."""
+    return f"injected {kind} ({source})"
+
+
+def read_injected_mark(mark: object) -> tuple[str, str] | None:
+    """``(label, source)`` of an injected fault's mark: ``("injected kill",
+    "GuardConfig(faults=...)")``; a mark with no known source (``injected kill``, from a
+    worker before sources were marked): :data:`EITHER_SOURCE`. ``None``: not such a mark."""
+    if not isinstance(mark, str) or not mark.startswith("injected "):
+        return None
+    label, _, rest = mark.partition(" (")
+    source = rest[:-1] if rest.endswith(")") else ""
+    return label, source if source in SOURCES else EITHER_SOURCE

@@ -92,16 +92,24 @@ def _idle(decision: Decision) -> dict[str, float]:
             "last_progress_time": float(verdict.time) - float(verdict.value)}
 
 
-def watch_optimizer_steps(heartbeat: Any) -> Any:
+def watch_optimizer_steps(heartbeat: Any, counted: Callable[[], None] | None = None) -> Any:
     """Every ``optimizer.step()`` in this process is progress for the watchdog (a heartbeat;
     not a step: the step timer measures reports). A framework loop that reports only at its
-    saves or epoch ends (Transformers, Lightning) is then seen alive between its reports.
-    Returns the hook's handle (``None`` where torch has no global optimizer hook)."""
+    saves or epoch ends (Transformers, Lightning) is then seen alive between its reports, and
+    ``counted()`` counts its optimizer steps between them (the replay after a restore is
+    then counted in optimizer steps). Returns the hook's handle (``None`` where torch has no
+    global optimizer hook)."""
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
     except ImportError:  # pragma: no cover - torch >= 2.4 has it
         return None
-    return register_optimizer_step_post_hook(lambda *args, **kwargs: heartbeat())
+
+    def stepped(*args: Any, **kwargs: Any) -> None:
+        heartbeat()
+        if counted is not None:
+            counted()
+
+    return register_optimizer_step_post_hook(stepped)
 
 
 def dump_stacks(ctx: Place, *, local_run_dir: bool = True) -> str | None:

@@ -43,13 +43,15 @@ class _Merged:
     (the fields the goodput planner reads of them; ``None``: no summary had the field)."""
 
     __slots__ = ("attempt", "rank", "step_time_sum_s", "intervals", "reports", "replay_time_s",
-                 "replay_steps", "first_time", "begin_time", "first_step", "last_step",
+                 "replay_steps", "optimizer_steps", "replay_optimizer_steps", "first_time",
+                 "begin_time", "first_step", "last_step",
                  "last_time", "time")
 
     def __init__(self, attempt: Any, rank: int) -> None:
         self.attempt, self.rank = attempt, rank
         self.step_time_sum_s = self.intervals = self.reports = None
         self.replay_time_s = self.replay_steps = None
+        self.optimizer_steps = self.replay_optimizer_steps = None
         self.first_time = self.begin_time = self.first_step = None
         self.last_step = self.last_time = self.time = None
 
@@ -69,6 +71,10 @@ class _Merged:
         if s.replay_steps is not None or s.replay_time_s is not None:
             self.replay_time_s = _plus(self.replay_time_s, s.replay_time_s)
             self.replay_steps = _plus(self.replay_steps, s.replay_steps)
+        if s.optimizer_steps is not None or s.replay_optimizer_steps is not None:
+            self.optimizer_steps = _plus(self.optimizer_steps, s.optimizer_steps)
+            self.replay_optimizer_steps = _plus(self.replay_optimizer_steps,
+                                                s.replay_optimizer_steps)
         v = s.first_time or s.time
         if v is not None and (self.first_time is None or v < self.first_time):
             self.first_time = v

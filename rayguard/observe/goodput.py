@@ -11,7 +11,8 @@
   (the restore, to the first step: the first report, ``first_time``, less one measured
   step when the summary has the time ``load_state`` returned, ``begin_time``).
 - ``replay``: steps an attempt ran again below the highest step reached before (from the
-  restored step), costed at that attempt's measured time per step (an attempt too short
+  restored step; counted in optimizer steps for a loop that reports rarer than it steps its
+  optimizers), costed at that attempt's measured time per step (an attempt too short
   for a second step summary: timed from its first report to the last event recorded at a
   report, a fault, a NaN, a commit or a notice, less the checkpoints between).
 - ``checkpoint``: time the loop was blocked on checkpoints (``blocked_s`` of each commit).
@@ -32,9 +33,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from rayguard.observe.goodput_steps import (
+    OPTIMIZER_UNIT,
+    optimizer_counts,
+    replay_in_optimizer_steps,
+)
 from rayguard.observe.goodput_steps import event_time as _t
 from rayguard.observe.goodput_steps import first_step_start as _first_step_start
 from rayguard.observe.goodput_steps import integer as _int
@@ -70,6 +76,7 @@ class AttemptGoodput:
     first_step: int | None = None
     last_step: int | None = None
     replayed_steps: int = 0
+    """In the run's :attr:`Goodput.replay_unit`."""
     step_time_s: float | None = None
 
 
@@ -90,6 +97,10 @@ class Goodput:
     step_unit: str = "step"
     """What the steps count: the ``step_unit`` the events record (a ``ray.train.report``
     loop's step key, e.g. ``"epoch"``, or ``"report"``), else ``"step"``."""
+    replay_unit: str = "step"
+    """What :attr:`replayed_steps` counts: ``"optimizer_step"`` for a loop that reports
+    rarer than it steps its optimizers (a Trainer reporting every N steps), else
+    :attr:`step_unit`."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-able)."""
@@ -126,6 +137,7 @@ class _Attempt:
     replay_time_s: float = 0.0  # the lead rank's measured time of replayed steps
     replay_steps: int = 0  # ... over this many steps (each after the attempt's first report)
     last_report: float | None = None  # the lead rank's last report (``last_time``)
+    lead: list[dict[str, Any]] = field(default_factory=list)  # the lead rank's summaries
     outcome: str = "running"
 
 
@@ -148,7 +160,7 @@ def _read_attempt(number: int, evs: list[dict[str, Any]], notes: list[str]) -> _
     a.starting = _num(begun.get("group_start_time"))
     a.worker = _num(begun.get("setup_start_time"))
     a.started = _t(begun) if begun else None
-    steps = _steps_of(evs)
+    steps = a.lead = _steps_of(evs)
     firsts = [x for e in steps if (x := _num(e.get("first_time")) or _t(e)) is not None]
     a.first = min(firsts) if firsts else None
     a.first_step = min((s for e in steps if (s := _int(e.get("first_step"))) is not None),
@@ -326,10 +338,19 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
     _note_missing(evs, attempts, notes)
     if any(r.replayed_steps and r.step_time_s is None for r in rows):
         notes.append("replayed steps' time (no measured step time): counted as productive")
+    unit = replay_unit = step_unit_of(evs)
+    optimizer = replay_in_optimizer_steps([optimizer_counts(a.lead, r.replayed_steps)
+                                           for a, r in zip(attempts, rows, strict=True)])
+    if optimizer is not None:  # the loop reports rarer than it steps its optimizers
+        counts, estimated = optimizer
+        rows = [replace(r, replayed_steps=n) for r, n in zip(rows, counts, strict=True)]
+        replayed, replay_unit = sum(counts), OPTIMIZER_UNIT
+        notes += [f"attempt {rows[i].attempt}: its replayed optimizer steps (not counted): "
+                  "estimated at the run's optimizer steps per report" for i in estimated]
     wall = t_end - t0
     return Goodput(wall, productive, productive / wall if wall > 0 else None, total, phases_total,
                    tuple(rows), tuple(dict.fromkeys(notes)), replayed, max(len(attempts) - 1, 0),
-                   step_unit_of(evs))
+                   unit, replay_unit)
 
 
 def step_unit_of(events: Iterable[dict[str, Any]]) -> str:

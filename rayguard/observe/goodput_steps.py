@@ -1,9 +1,11 @@
 """The step figures of one attempt for the goodput planner (pure, no Ray): the lead rank's
-step summaries, the time per step, and when the first step began
+step summaries, the time per step, when the first step began, and the replay in optimizer
+steps of a loop that reports rarer than it steps its optimizers
 (:mod:`rayguard.observe.goodput`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -80,3 +82,52 @@ def first_step_start(first: float | None, steps: list[dict[str, Any]],
     if first is None or not begun or step_time_s is None:
         return first
     return max(min(begun), first - step_time_s)
+
+
+OPTIMIZER_UNIT = "optimizer_step"
+"""The replay's unit for a loop that reports rarer than it steps its optimizers."""
+
+
+@dataclass(frozen=True)
+class OptimizerCounts:
+    """What one attempt's lead rank counted of ``optimizer.step()`` (its step summaries), and
+    the steps the planner finds it did again (``replayed``, in the loop's step unit)."""
+
+    reports: int
+    optimizer_steps: int
+    """``optimizer.step()`` calls made before its reports."""
+    replay_optimizer_steps: int
+    """Of those, the ones made before its reports of replayed steps."""
+    replayed: int
+
+
+def optimizer_counts(steps: list[dict[str, Any]], replayed: int) -> OptimizerCounts:
+    """The optimizer counts of an attempt's lead step summaries ``steps``."""
+    def total(field: str) -> int:
+        return sum(integer(e.get(field)) or 0 for e in steps)
+
+    return OptimizerCounts(total("reports"), total("optimizer_steps"),
+                           total("replay_optimizer_steps"), replayed)
+
+
+def replay_in_optimizer_steps(attempts: list[OptimizerCounts]
+                              ) -> tuple[list[int], list[int]] | None:
+    """Each attempt's replay in optimizer steps, for a loop that reports rarer than it steps
+    its optimizers (its lead rank made more ``optimizer.step()`` calls than reports over the
+    run: a Trainer that reports every N steps); ``None`` for any other loop, whose replay
+    stays in its step unit (one that reports every step, accumulates gradients over reports,
+    or steps no torch optimizer). With it, the attempts whose count is estimated: none was
+    counted while the planner finds steps done again (a log from before the count), at the
+    run's optimizer steps per report."""
+    reports = sum(a.reports for a in attempts)
+    stepped = sum(a.optimizer_steps for a in attempts)
+    if reports <= 0 or stepped <= reports:
+        return None
+    counts, estimated = [], []
+    for i, a in enumerate(attempts):
+        if a.replay_optimizer_steps or not a.replayed:
+            counts.append(a.replay_optimizer_steps)
+        else:
+            counts.append(round(a.replayed * stepped / reports))
+            estimated.append(i)
+    return counts, estimated

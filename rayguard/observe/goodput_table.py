@@ -11,8 +11,10 @@ CAUSE_WORDS = {"startup": "start-up (Ray, the workers, set-up, before the first 
 
 
 UNIT_NOUNS = {"step": "step", "global_step": "step", "training_iteration": "iteration",
-              "iteration": "iteration", "epoch": "epoch", "report": "report"}
-"""The noun of each step unit (a ``ray.train.report`` loop's step key, or ``"report"``)."""
+              "iteration": "iteration", "epoch": "epoch", "report": "report",
+              "optimizer_step": "optimizer step"}
+"""The noun of each step unit (a ``ray.train.report`` loop's step key, or ``"report"``; the
+replay of a loop that reports rarer than it steps its optimizers: ``"optimizer_step"``)."""
 
 
 def noun(unit: str) -> str:
@@ -30,15 +32,16 @@ def headline(g: Goodput) -> str:
     """``goodput 0.68 (61.0 s productive of 90.0 s, 1 restart, 26 steps replayed; most of
     the rest: restarts 20.1 s)``: the largest cause of badput named, so that a short healthy
     run's low figure reads as its start-up, not as a failure. The replay is counted in the
-    run's step unit (``3 epochs replayed``)."""
+    run's step unit (``3 epochs replayed``), in optimizer steps for a loop that reports
+    rarer than it steps its optimizers (``10 optimizer steps replayed``)."""
     if g.ratio is None:
         return "goodput not measured (no events)"
     text = (f"goodput {g.ratio:.2f} ({g.productive_s:.1f} s productive of {g.wall_s:.1f} s, "
             f"{g.restarts} restart{'s' if g.restarts != 1 else ''}, "
-            f"{counted(g.replayed_steps, g.step_unit)} replayed")
+            f"{counted(g.replayed_steps, g.replay_unit)} replayed")
     cause = largest_cause(g)
     if cause is not None:
-        words = f"replayed {noun(g.step_unit)}s" if cause == "replay" else CAUSE_WORDS.get(
+        words = f"replayed {noun(g.replay_unit)}s" if cause == "replay" else CAUSE_WORDS.get(
             cause, cause)
         text += f"; most of the rest: {words} {g.badput_s[cause]:.1f} s"
     return text + ")"

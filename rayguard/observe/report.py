@@ -24,7 +24,7 @@ from rayguard.observe.digest import digest_log
 from rayguard.observe.goodput import goodput
 from rayguard.observe.goodput_table import counted, noun
 from rayguard.observe.report_goodput import STYLE as GOODPUT_STYLE
-from rayguard.observe.report_goodput import goodput_section
+from rayguard.observe.report_goodput import goodput_section, replay_in_optimizer_steps
 from rayguard.observe.report_quarantine import file_rows, quarantine_rows, quarantine_section
 from rayguard.observe.timeline import build_run_digest, build_sweep
 
@@ -74,6 +74,7 @@ def write_report(run_dir: str, output: str = "report.html", *, metric: str | Non
         data, bad_lines = build_run_digest(digest, metric), digest.bad_lines
         data["goodput"] = goodput(digest.compact.events()).to_dict()
         data["goodput"]["checkpoint_interval"] = recommend_interval(events).line()
+        replay_in_optimizer_steps(data)  # a loop reporting every N optimizer steps
         rows = quarantine_rows(events)
         data["quarantine"] = rows + file_rows(_quarantine_file(source), rows)
     data["source"] = str(run_dir)
@@ -224,7 +225,7 @@ def metric_figure(data: dict[str, Any]) -> Any:
                           "xanchor": "right", "yanchor": "top", "showarrow": False,
                           "text": html.escape(f"restart ({r['cause']}): back to step "
                                               f"{r['restored_step']}, "
-                                              f"{counted(r['replayed_steps'], _unit(data))} "
+                                              f"{counted(r['replayed_steps'], _unit(data, 'replay_unit'))} "
                                               "replayed")})
     fig.update_layout(shapes=lines, annotations=notes)
     fig.update_layout(height=360, margin={"l": 60, "r": 20, "t": 30, "b": 40},
@@ -241,9 +242,11 @@ def _fmt_bytes(n: float) -> str:
     return str(n)
 
 
-def _unit(data: dict[str, Any]) -> str:
-    """What the run's steps count (the goodput's ``step_unit``: ``"epoch"``, else steps)."""
-    return str((data.get("goodput") or {}).get("step_unit") or "step")
+def _unit(data: dict[str, Any], field: str = "step_unit") -> str:
+    """What the run's steps count (the goodput's ``step_unit``: ``"epoch"``, else steps), or
+    its replay (``replay_unit``: optimizer steps for a loop that reports rarer)."""
+    g = data.get("goodput") or {}
+    return str(g.get(field) or g.get("step_unit") or "step")
 
 
 def summary_rows(s: dict[str, Any], unit: str = "step") -> list[tuple[str, str]]:
@@ -288,7 +291,7 @@ def _restart_table(data: dict[str, Any]) -> str:
                      f"{r['detection_s']:.1f} s", str(r["restored_step"]), str(r["replayed_steps"]),
                      "yes" if r["fallback"] else "no"])
     return _table(["failed attempt", "cause", "at", "cost (failure to first step)", "detection",
-                   f"resumed from {noun(_unit(data))}", f"replayed {noun(_unit(data))}s",
+                   f"resumed from {noun(_unit(data))}", f"replayed {noun(_unit(data, 'replay_unit'))}s",
                    "fallback"], rows,
                   "restarts",
                   none="none: no attempt failed")
@@ -352,7 +355,7 @@ def _run_body(data: dict[str, Any]) -> str:
     metric = metric_figure(data).to_html(full_html=False, include_plotlyjs=False,
                                          div_id=METRIC_ELEMENT_ID)
     summary = _table(["", ""], [[html.escape(k), html.escape(v)]
-                                for k, v in summary_rows(data["summary"], _unit(data))],
+                                for k, v in summary_rows(data["summary"], _unit(data, "replay_unit"))],
                      "summary")
     return "\n".join([
         goodput_section(data.get("goodput")) if "goodput" in data else "",

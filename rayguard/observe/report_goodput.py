@@ -7,6 +7,7 @@ import html
 from typing import Any
 
 from rayguard.observe.goodput import CAUSES, RESTART_PHASES
+from rayguard.observe.goodput_steps import OPTIMIZER_UNIT
 from rayguard.observe.goodput_table import counted
 
 COLORS = {"productive": "#2ca02c", "startup": "#9ecae1", "restart": "#d62728",
@@ -64,7 +65,7 @@ def goodput_section(g: dict[str, Any] | None) -> str:
         f"<p class='goodput-ratio'><b>goodput {float(g['ratio']):.2f}</b>: "
         f"{float(g['productive_s']):.1f} s of new steps in {wall:.1f} s of wall time, "
         f"{int(g.get('restarts') or 0)} restart(s), "
-        f"{counted(int(g.get('replayed_steps') or 0), str(g.get('step_unit') or 'step'))} "
+        f"{counted(int(g.get('replayed_steps') or 0), str(g.get('replay_unit') or 'step'))} "
         "replayed</p>",
         badput_bar(g), table,
         f"<p>{html.escape(str(g['checkpoint_interval']))}</p>" if g.get("checkpoint_interval")
@@ -76,3 +77,23 @@ STYLE = """.badput-bar{display:flex;width:100%;max-width:900px;height:22px;borde
 .badput-bar .seg{height:100%}.legend .key{margin-right:12px;font-size:12px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 tr.phase td{color:#555;font-size:12px}"""
+
+
+def replay_in_optimizer_steps(data: dict[str, Any]) -> None:
+    """The timeline's replay (``data``'s restarts and summary) in the goodput's optimizer
+    steps, for a loop that reports rarer than it steps its optimizers: each restart's
+    ``replayed_steps`` are the next attempt's; the summary's mean step spreads the replayed
+    reports' time over their optimizer steps, so that the time lost stays the same."""
+    g = data.get("goodput") or {}
+    if g.get("replay_unit") != OPTIMIZER_UNIT:
+        return
+    by_attempt = {a["attempt"]: int(a["replayed_steps"]) for a in g.get("attempts") or []}
+    for r in data.get("restarts") or []:
+        if isinstance(r.get("attempt"), int):
+            r["replayed_steps"] = by_attempt.get(r["attempt"] + 1, 0)
+    summary = data.get("summary") or {}
+    reports, optimizer_steps = summary.get("replayed_steps") or 0, int(g.get("replayed_steps") or 0)
+    if summary and optimizer_steps:
+        summary["mean_step_s"] = float(summary.get("mean_step_s") or 0.0) * reports / optimizer_steps
+    if summary:
+        summary["replayed_steps"] = optimizer_steps

@@ -4,7 +4,10 @@
 A report costs two clock reads and a few additions here; nothing is sent per report. The
 step time of a rank is the wall time between two consecutive reports (the first report of an
 attempt starts the clock). A summary also carries a thinned sample of one metric (the loss)
-so the report can draw it over steps without a line per step in the log.
+so the report can draw it over steps without a line per step in the log, and the
+``optimizer.step()`` calls made before its reports (``optimizer_steps``): a framework loop
+that reports every N optimizer steps (Transformers, Lightning) says N, and its replay after a
+restore is counted in optimizer steps (``replay_optimizer_steps``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class StepTimer:
         self._stride = 1
         self._begin_time: float | None = None
         self._replay_until: int | None = None
+        self._stepped = 0  # optimizer steps since the last report
         self._reset()
 
     def end_attempt(self) -> dict[str, Any] | None:
@@ -42,6 +46,7 @@ class StepTimer:
         summary = self.take()
         self._last_report = self._last_sent = None
         self._replay_until = None
+        self._stepped = 0  # rolled back: never reported
         return summary
 
     def begin(self) -> None:
@@ -56,12 +61,21 @@ class StepTimer:
         """The loop restarts from a restore: its steps up to ``until`` (the highest step the
         run reached before) are replayed; their measured time is sent as ``replay_time_s``
         over ``replay_steps`` (each step's time after the attempt's first report), so that
-        goodput counts what the replay took, not an average step."""
+        goodput counts what the replay took, not an average step; the optimizer steps made
+        before those reports (the attempt's first one included) are sent as
+        ``replay_optimizer_steps``."""
         self._replay_until = until
+
+    def optimizer_stepped(self) -> None:
+        """One ``optimizer.step()`` of this process (the optimizer hook that is also the
+        watchdog's heartbeat): counted against the next report."""
+        self._stepped += 1
 
     def _reset(self) -> None:
         self.replay_time_s = 0.0
         self.replay_steps = 0
+        self.optimizer_steps = 0
+        self.replay_optimizer_steps = 0
         self.reports = 0
         self.intervals = 0
         self.step_time_sum_s = 0.0
@@ -90,6 +104,10 @@ class StepTimer:
             self.step_time_sum_s += dt
             self.step_time_max_s = max(self.step_time_max_s, dt)
         self._last_report = now
+        stepped, self._stepped = self._stepped, 0
+        self.optimizer_steps += stepped
+        if self._replay_until is not None and step <= self._replay_until:
+            self.replay_optimizer_steps += stepped
         if self._replay_until is not None and step > self._replay_until:
             self._replay_until = None  # the replay is over
         self.reports += 1
@@ -134,6 +152,9 @@ class StepTimer:
             **({"begin_time": self.begin_time} if self.begin_time is not None else {}),
             **({"replay_time_s": self.replay_time_s, "replay_steps": self.replay_steps}
                if self.replay_steps else {}),
+            **({"optimizer_steps": self.optimizer_steps} if self.optimizer_steps else {}),
+            **({"replay_optimizer_steps": self.replay_optimizer_steps}
+               if self.replay_optimizer_steps else {}),
             "metric": self.metric, "samples": self.samples,
         }
         self._reset()

@@ -110,6 +110,8 @@ class Observer(Protocol):
 
     def paced(self, *, checkpointed: bool, seconds: float) -> None: ...
 
+    def replays(self, before: int) -> None: ...
+
 
 class RayReportBridge:
     """What rayguard does around one worker's ``ray.train.report``/``get_checkpoint``:
@@ -168,18 +170,21 @@ class RayReportBridge:
         if checkpoint is not None:  # Ray's get_checkpoint() has it now
             self._offered = _UNSET
         if prepared.persisted_at_report:
-            self._persisted(step, checkpoint.path)
+            self._persisted(step, checkpoint.path, prepared.sealed_bytes)
         seconds = time.perf_counter() - started
         observer.paced(checkpointed=checkpoint is not None, seconds=seconds)
         observer.observed(observed, step, seconds)
 
-    def _persisted(self, step: int, path: str | None) -> None:
+    def _persisted(self, step: int, path: str | None, sealed_bytes: int | None = None) -> None:
         """The writer rank: the sealed checkpoint is in the run's storage (an event, counted
-        as durable progress by the crash-loop rule)."""
+        as durable progress by the crash-loop rule); ``sealed_bytes``: what its manifest
+        seals, the checkpoint's size in the goodput and the metrics."""
         name = os.path.basename(str(path).rstrip("/")) if path else "?"
+        size = "" if sealed_bytes is None else f" ({sealed_bytes} bytes)"
         self.link.record("checkpoint_committed", f"checkpoint {name} reported through "
-                            "ray.train.report, sealed with a manifest", step=step, path=path,
-                            source="ray.train.report", step_unit=self.unit)
+                            f"ray.train.report, sealed with a manifest{size}", step=step,
+                            path=path, source="ray.train.report", step_unit=self.unit,
+                            bytes=sealed_bytes)
 
     # -- get_checkpoint ---------------------------------------------------------------------
     def get_checkpoint(self) -> Any:
@@ -190,8 +195,11 @@ class RayReportBridge:
             self.sealed_step = None
             self._chosen = None if latest is None else self._agreed_choice(latest)
             observer = self.observer
+            before = observer.last_step
             observer.last_step = resumed_last_step(self._chosen is not None, self.sealed_step,
-                                                   observer.last_step)
+                                                   before)
+            if self._chosen is not None:  # the steps up to the run's highest are done again
+                observer.replays(before)
         return self._chosen
 
     def rolled_back(self, path: str | None, *, reported: bool = False) -> None:

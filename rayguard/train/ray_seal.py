@@ -26,10 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayguard._ray.report import CheckpointUploadMode, default_upload
 from rayguard.run.link import RunLink
+
+if TYPE_CHECKING:
+    from rayguard.checkpoint.manifest import Manifest
 
 RECORDS = ":records"
 """Suffix of a report's tag for the second meeting (the records)."""
@@ -72,14 +75,21 @@ class Prepared:
     persisted_at_report: bool
     """This rank wrote the manifest of a ``NO_UPLOAD`` checkpoint: it is in the run's storage
     once Ray's report returns."""
+    sealed_bytes: int | None = None
+    """With :attr:`persisted_at_report`: the bytes the manifest seals."""
+
+
+Persisted = Callable[[int, "str | None", "int | None"], None]
+"""``persisted(step, path, sealed_bytes)``: called on the writer rank once a sealed
+checkpoint is in the run's storage; ``sealed_bytes``: the sizes its manifest lists, summed."""
 
 
 class ReportSealer:
     """Seals one worker's ``ray.train.report`` checkpoints through ``link`` (the loop's link:
-    its waits are progress); ``persisted(step, path)`` is called on the writer rank once the
-    sealed checkpoint is in the run's storage."""
+    its waits are progress); ``persisted`` (:data:`Persisted`) is called on the writer rank
+    once the sealed checkpoint is in the run's storage."""
 
-    def __init__(self, link: RunLink, persisted: Callable[[int, str | None], None]) -> None:
+    def __init__(self, link: RunLink, persisted: Persisted) -> None:
         self.link = link
         self.persisted = persisted
 
@@ -99,29 +109,33 @@ class ReportSealer:
         if plan.deferred:
             return Prepared(self._upload(step, user_upload, writer, seal=lambda: self._seal(
                 tag, directory, step, writer, link.quiet(), unit)), False)
-        self._seal(tag, directory, step, writer, link, unit)
+        manifest = self._seal(tag, directory, step, writer, link, unit)
+        sealed = None if manifest is None else manifest.size_bytes
         if mode == CheckpointUploadMode.NO_UPLOAD:
-            return Prepared(user_upload, writer)
-        return Prepared(self._upload(step, user_upload, writer) if writer else user_upload,
-                        False)
+            return Prepared(user_upload, writer, sealed)
+        return Prepared(self._upload(step, user_upload, writer, sealed=sealed) if writer
+                        else user_upload, False)
 
     def _upload(self, step: int, user_upload: Any, writer: bool,
-                seal: Callable[[], None] | None = None) -> Any:
+                seal: Callable[[], Manifest | None] | None = None,
+                sealed: int | None = None) -> Any:
         def upload(checkpoint: Any, checkpoint_dir_name: str) -> Any:
+            sealed_bytes = sealed
             if seal is not None:
-                seal()
+                manifest = seal()
+                sealed_bytes = None if manifest is None else manifest.size_bytes
             upload_fn = default_upload if user_upload is None else user_upload
             persisted = upload_fn(checkpoint, checkpoint_dir_name)
             if writer:
-                self.persisted(step, getattr(persisted, "path", None))
+                self.persisted(step, getattr(persisted, "path", None), sealed_bytes)
             return persisted
 
         return upload
 
     def _seal(self, tag: str, directory: str, step: int, writer: bool, link: RunLink,
-              unit: str | None = None) -> None:
+              unit: str | None = None) -> Manifest | None:
         """Hash this rank's directory; the writer waits for every rank's record and writes
-        the manifest, the others contribute theirs and go on."""
+        the manifest (returned), the others contribute theirs and go on (``None``)."""
         from rayguard.checkpoint import reported
 
         ctx = link.ctx
@@ -130,10 +144,10 @@ class ReportSealer:
         record = reported.hash_directory(directory, ctx.rank)
         if not writer:
             link.contribute(tag + RECORDS, record)
-            return
+            return None
         records = link.gather(tag + RECORDS, record)
-        reported.seal(directory, records, world_size=ctx.world_size, step=step,
-                      metadata=seal_metadata(ctx.attempt, records, unit))
+        return reported.seal(directory, records, world_size=ctx.world_size, step=step,
+                             metadata=seal_metadata(ctx.attempt, records, unit))
 
 
 def seal_metadata(attempt: int, records: Sequence[Any], unit: str | None) -> dict[str, Any]:

@@ -164,9 +164,8 @@ class WorkerSession:
                                           on_chosen=self._loading)
         self.watchdog.heartbeat()
         self.timer.begin()
-        if restored is not None and self.ctx.rank == 0:  # the lead rank times the replay
-            known = [s for s in (self.link.high_step(), before) if isinstance(s, int)]
-            self.timer.replaying(max(known) if known else None)
+        if restored is not None:
+            self.replays(before)
         self.pacing.resumed()  # the checkpoint interval counts the work from here
         self._plan_data_skip(None if restored is None else restored.step)
         if restored is None:
@@ -174,6 +173,19 @@ class WorkerSession:
         if restored.step is not None:
             self.last_step = restored.step
         return restored.state
+
+    def replays(self, before: int) -> None:
+        """The loop got a checkpoint back (``load_state``, ``ray.train.get_checkpoint()``):
+        the lead rank times the steps it does again, and counts their optimizer steps, up to
+        the highest the run reached (the coordinator's, or ``before``: the step this process
+        reached, an in-place rollback)."""
+        if self.ctx.rank == 0:
+            known = [s for s in (self.link.high_step(), before) if isinstance(s, int)]
+            self.timer.replaying(max(known) if known else None)
+
+    def optimizer_stepped(self) -> None:
+        """An ``optimizer.step()`` of this process (counted for the step summaries)."""
+        self.timer.optimizer_stepped()
 
     def _plan_data_skip(self, restored_step: int | None) -> None:
         """The steps of data this restore leaves out (``HealthConfig(divergence=...)``)."""
@@ -249,6 +261,20 @@ class WorkerSession:
                                  "time": time.time(), "world_size": self.ctx.world_size,
                                  "unit": self.step_unit},
                                 wait=final)
+
+
+class LateSession:
+    """The session, for the parts of set-up built before it: the stall responder reads its
+    last step (calling this), the optimizer hook counts its steps into it."""
+
+    session: WorkerSession | None = None
+
+    def __call__(self) -> int:
+        return -1 if self.session is None else self.session.last_step
+
+    def optimizer_stepped(self) -> None:
+        if self.session is not None:
+            self.session.optimizer_stepped()
 
 
 _SESSION: WorkerSession | None = None

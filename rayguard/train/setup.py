@@ -20,8 +20,9 @@ from rayguard._ray.spare import claim_process
 from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, NODE_AGENTS_ENV_VAR, SERIALIZERS_ENV_VAR
 from rayguard.exceptions import PeersLostError, WorkerSetupError
-from rayguard.faults import Fault, FaultInjector, parse_faults
+from rayguard.faults import Fault, FaultInjector
 from rayguard.faults.injector import announcer
+from rayguard.faults.spec import faults_from
 from rayguard.health.hang import HangProbe, install_counting_hook
 from rayguard.health.live import LAST_COMMITTED_KEY
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
@@ -42,7 +43,12 @@ from rayguard.train.pinning import bind_numa, pin_cuda
 from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
 from rayguard.train.rollback import RollBack, re_enter
 from rayguard.train.seeding import rank_seed, seed_everything
-from rayguard.train.session import WorkerSession, current_session, set_current_session
+from rayguard.train.session import (
+    LateSession,
+    WorkerSession,
+    current_session,
+    set_current_session,
+)
 from rayguard.train.store import CheckpointStore, LocalStore, store_for
 
 logger = logging.getLogger("rayguard")
@@ -145,21 +151,12 @@ def _store(run_dir: str) -> CheckpointStore:
     return store_for(run_dir, ray.train.get_context().get_storage().storage_filesystem)
 
 
-class _LastStep:
-    """The stall responder reads the last step of a session built after it."""
-
-    session: WorkerSession | None = None
-
-    def __call__(self) -> int:
-        return -1 if self.session is None else self.session.last_step
-
-
 def start_watch(link: RunLink, guard: GuardConfig, store: CheckpointStore, *,
-                live: bool = False) -> tuple[RunLink, Watchdog, _LastStep, HangProbe]:
+                live: bool = False) -> tuple[RunLink, Watchdog, LateSession, HangProbe]:
     """The watchdog of this worker, with its stall responder and hang probe (built in the
     training thread: its top frame goes in a diagnosis), and the loop's link (whose waits
     feed it)."""
-    last_step = _LastStep()
+    last_step = LateSession()
     local = store.fs is None
     probe = HangProbe(link, dump=lambda: dump_stacks(link.ctx, local_run_dir=local),
                       wait_s=guard.health.diagnosis_wait_s)
@@ -303,15 +300,14 @@ class GuardedTrainFn:
         ctx = _base_context(self.run_dir, read_attempt(self.coordinator)
                             if attempt is None else attempt)
         check_rank_env(dict(os.environ), ctx)
-        faults = parse_faults(";".join(filter(None, [self.guard.faults,
-                                                     os.environ.get(FAULTS_ENV_VAR)])))
+        faults = faults_from(self.guard.faults, os.environ.get(FAULTS_ENV_VAR))
         store = _store(ctx.run_dir)
         link, watchdog, last_step, probe = start_watch(
             make_link(ctx, self.coordinator, alone=self.replica_groups,
                       agents=os.environ.get(NODE_AGENTS_ENV_VAR)), self.guard, store,
             live=self.live)
         watchdog.start()  # the watchdog covers set-up too (floor covers start-up)
-        hook = watch_optimizer_steps(watchdog.heartbeat)
+        hook = watch_optimizer_steps(watchdog.heartbeat, last_step.optimizer_stepped)
         try:
             _preflight(ctx, self.guard)
         except Exception as exc:

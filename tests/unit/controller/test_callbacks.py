@@ -12,6 +12,7 @@ from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollSt
 from rayguard._ray.train import FailureDecision
 from rayguard.controller.callbacks import RayGuardCallback, describe_failure
 from rayguard.exceptions import NonFiniteMetricError
+from rayguard.faults.spec import ENV_SOURCE, injected_mark
 
 
 def status(errors: dict[int, BaseException | None]) -> WorkerGroupPollStatus:
@@ -80,7 +81,7 @@ def test_worker_died_reason_is_one_line_with_its_cause():
         health_check_failure = None
 
     death = WorkerHealthCheckFailedError("Worker health check failed\nlong\nRay\ndump")
-    cause, reason, details = describe_failure(death, "injected kill")
+    cause, reason, details = describe_failure(death, injected_mark("kill", ENV_SOURCE))
     assert cause == "injected kill" and reason == "injected kill (RAYGUARD_FAULTS)"
     assert "\n" in details and "\n" not in reason
     cause, reason, _ = describe_failure(death, None)
@@ -94,7 +95,7 @@ def test_worker_died_reason_is_one_line_with_its_cause():
 def test_an_injected_nan_reads_as_a_nan_detection() -> None:
     # RAYGUARD_FAULTS=nan:... poisons a metric; the NaN guard is what stops the worker.
     error = UserExceptionWithTraceback(NonFiniteMetricError("loss is nan at step 4"), "tb")
-    cause, reason, _ = describe_failure(error, "injected nan")
+    cause, reason, _ = describe_failure(error, injected_mark("nan", ENV_SOURCE))
     assert cause == "nan"
     assert reason.startswith("NonFiniteMetricError: loss is nan at step 4")
     assert reason.endswith("(the NaN was injected: RAYGUARD_FAULTS)")

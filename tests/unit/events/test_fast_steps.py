@@ -71,6 +71,17 @@ def test_a_summary_as_written_takes_the_fast_path_with_the_reference_values():
     assert record.reach == 299 and StepSummary(reference).reach == 299
 
 
+def test_a_summary_with_optimizer_counts_takes_the_fast_path():
+    data = line(summary(optimizer_steps=500, replay_optimizer_steps=100))
+    record = decode(data)
+    assert record is not None
+    assert (record.optimizer_steps, record.replay_optimizer_steps) == (500, 100)
+    reference = parse_line(data)
+    assert reference is not None
+    same_fields(as_event(record), reference)
+    assert StepSummary(reference).replay_optimizer_steps == 100
+
+
 @pytest.mark.parametrize("data", [
     line(summary(time=2**63)),  # past int64: the reference reads it (< 10**19)
     line(summary(extra_field={"a": 1})),  # a field the schema does not know

@@ -17,6 +17,8 @@ from rayguard.exceptions import (
     WorkerSetupError,
 )
 from rayguard.failures import CAUSES, RETRY_POLICIES, Failure, classify, most_severe
+from rayguard.failures.taxonomy import is_kill_mark
+from rayguard.faults.spec import CONFIG_SOURCE, ENV_SOURCE, injected_mark
 
 RAY_DEATH = ("The actor died unexpectedly before finishing this task. The actor is dead "
              "because its worker process has died.")
@@ -91,9 +93,15 @@ def test_a_death_is_retried_and_reads_as_kill() -> None:
 
 
 def test_the_workers_mark_names_injected_faults_and_watchdog_kills() -> None:
-    kill = classify(ActorDiedError(RAY_DEATH), "injected kill")
-    assert (kill.cause, kill.label, kill.reason, kill.retry) == (
-        "kill", "injected kill", "injected kill (RAYGUARD_FAULTS)", "retried")
+    for source in (CONFIG_SOURCE, ENV_SOURCE):  # the reason names where it was given
+        kill = classify(ActorDiedError(RAY_DEATH), injected_mark("kill", source))
+        assert (kill.cause, kill.label, kill.reason, kill.retry) == (
+            "kill", "injected kill", f"injected kill ({source})", "retried")
+        assert is_kill_mark(injected_mark("kill", source))
+    old = classify(ActorDiedError(RAY_DEATH), "injected kill")  # a mark with no source
+    assert (old.label, old.reason) == (
+        "injected kill", "injected kill (GuardConfig(faults=...) or RAYGUARD_FAULTS)")
+    assert is_kill_mark("injected kill") and not is_kill_mark(injected_mark("raise", ENV_SOURCE))
     stall = classify(RuntimeError("x"), "killed by rayguard: stall")
     assert (stall.cause, stall.label, stall.retry) == ("hang", "stall", "retried")
     assert "stall_detected" in stall.reason
@@ -105,9 +113,13 @@ def test_the_workers_mark_names_injected_faults_and_watchdog_kills() -> None:
 
 
 def test_a_nan_reads_as_nan_even_when_injected() -> None:
-    failure = classify(NonFiniteMetricError("loss is nan at step 4"), "injected nan")
+    failure = classify(NonFiniteMetricError("loss is nan at step 4"),
+                       injected_mark("nan", ENV_SOURCE))
     assert (failure.cause, failure.label, failure.fatal) == ("nan", "nan", False)
     assert failure.reason.endswith("(the NaN was injected: RAYGUARD_FAULTS)")
+    failure = classify(NonFiniteMetricError("loss is nan at step 4"),
+                       injected_mark("nan", CONFIG_SOURCE))
+    assert failure.reason.endswith("(the NaN was injected: GuardConfig(faults=...))")
 
 
 def test_out_of_memory_and_preemption_are_read_from_the_errors_text() -> None:

@@ -1,4 +1,6 @@
 import pickle
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -153,3 +155,49 @@ def test_the_fault_injected_event_carries_the_faults_own_step(tmp_path, monkeypa
     with pytest.raises(InjectedFault):
         session.report({"loss": 1.0}, step=12)
     assert [r for r in recorded if r[0] == "fault_injected"] == [("fault_injected", 12)]
+
+
+# -- where a fault was given: GuardConfig(faults=...) or RAYGUARD_FAULTS ----------------------
+def _announced(faults: Any) -> tuple[dict[str, str], list[tuple[str, str, dict[str, Any]]],
+                                     FaultInjector]:
+    """An injector whose faults announce themselves as a worker's do (the mark left for the
+    controller, the ``fault_injected`` event), over a link that keeps both."""
+    from rayguard.faults.injector import announcer
+
+    marks: dict[str, str] = {}
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    link = SimpleNamespace(ctx=SimpleNamespace(attempt=0, rank=0), mark=marks.__setitem__,
+                           record=lambda kind, detail, **f: events.append((kind, detail, f)))
+    return marks, events, FaultInjector(faults, rank=0, attempt=0,
+                                        on_fire=announcer(link, lambda: -1))
+
+
+@pytest.mark.parametrize(("config", "env", "source"), [
+    ("raise:rank=0,step=1", None, "GuardConfig(faults=...)"),
+    (None, "raise:rank=0,step=1", "RAYGUARD_FAULTS"),
+    ("raise:rank=0,step=1", "kill:rank=1,step=9", "GuardConfig(faults=...)"),
+])
+def test_an_injected_fault_is_labelled_by_where_it_was_given(config, env, source):
+    from rayguard.failures import classify
+    from rayguard.faults.spec import faults_from
+
+    marks, events, injector = _announced(faults_from(config, env))
+    with pytest.raises(InjectedFault) as err:
+        injector.on_report(1, {})
+    (mark,) = marks.values()
+    failure = classify(err.value, mark)  # what the controller records in worker_died
+    assert (failure.label, failure.reason) == ("injected raise", f"injected raise ({source})")
+    [(kind, detail, fields)] = events
+    assert kind == "fault_injected" and fields["source"] == source and source in detail
+
+
+def test_a_fault_given_in_both_places_fires_once():
+    from rayguard.faults.spec import CONFIG_SOURCE, ENV_SOURCE, faults_from
+
+    faults = faults_from("raise:rank=0,step=1", "raise:rank=0,step=1")
+    assert [f.source for f in faults] == [CONFIG_SOURCE, ENV_SOURCE]
+    assert faults[0].key == faults[1].key
+    marks, events, injector = _announced(faults)
+    with pytest.raises(InjectedFault):
+        injector.on_report(1, {})
+    assert injector.on_report(1, {}) == {} and len(events) == 1

@@ -159,3 +159,22 @@ def test_every_optimizer_step_is_a_heartbeat_until_unwatched():
     handle.remove()
     opt.step()
     assert len(beats) == 2
+
+
+def test_every_optimizer_step_is_counted_beside_its_heartbeat():
+    import torch
+
+    from rayguard.health.stall import watch_optimizer_steps
+    from rayguard.observe.steps import StepTimer
+
+    beats = []
+    timer = StepTimer(interval_s=1e9)
+    handle = watch_optimizer_steps(lambda: beats.append(1), timer.optimizer_stepped)
+    try:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+        for _ in range(3):
+            opt.step()
+    finally:
+        handle.remove()
+    summary = timer.on_report(3, {}, 0.0)  # the first report's summary goes at once
+    assert len(beats) == 3 and summary is not None and summary["optimizer_steps"] == 3

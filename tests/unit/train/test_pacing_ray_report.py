@@ -87,6 +87,9 @@ class _Observer:
     def paced(self, *, checkpointed: bool, seconds: float) -> None:
         self.paced_calls.append((checkpointed, seconds))
 
+    def replays(self, before: int) -> None:
+        pass
+
 
 class _Link:
     def contribute(self, tag: str, value: Any) -> None:

@@ -81,7 +81,7 @@ def _ray_report(barrier: threading.Barrier, pool: ThreadPoolExecutor, mode: Any,
 def _run_pair(tmp_path: Any, modes: tuple[Any, ...]) -> tuple[list[Any], list[Any]]:
     meetings, barrier = _Meetings(len(modes)), threading.Barrier(len(modes))
     pools = [ThreadPoolExecutor(max_workers=1) for _ in modes]
-    persisted: list[tuple[int, int, str | None]] = []
+    persisted: list[tuple[int, int, str | None, int | None]] = []
     uploads: list[tuple[int, str]] = []
     errors: list[Any] = [None] * len(modes)
     pending: list[Future | None] = [None] * len(modes)
@@ -100,13 +100,13 @@ def _run_pair(tmp_path: Any, modes: tuple[Any, ...]) -> tuple[list[Any], list[An
             return SimpleNamespace(path=checkpoint)
 
         sealer = ReportSealer(_Link(meetings, rank),  # type: ignore[arg-type]
-                              lambda step, path: persisted.append((rank, step, path)))
+                              lambda step, path, size: persisted.append((rank, step, path, size)))
         try:
             prepared = sealer.prepare("ray-report1", directory, mode or S, 1, user_upload)
             pending[rank] = _ray_report(barrier, pools[rank], mode, directory,
                                         prepared.upload)
             if prepared.persisted_at_report:
-                persisted.append((rank, 1, directory))
+                persisted.append((rank, 1, directory, prepared.sealed_bytes))
         except BaseException as exc:
             errors[rank] = exc
 
@@ -133,9 +133,11 @@ def test_every_pair_of_modes_seals_without_waiting_across_the_barrier(tmp_path, 
         assert persisted == [] and uploads == []
         return
     writer = reporting[0]
-    assert [(r, step) for r, step, _ in persisted] == [(writer, 1)]
+    assert [(r, step) for r, step, _, _ in persisted] == [(writer, 1)]
     assert sorted(r for r, _ in uploads) == [r for r in reporting if modes[r] != N]
     manifest = json.loads((tmp_path / f"r{writer}" / MANIFEST_NAME).read_text())
+    # the bytes the manifest seals reach the commit, whichever mode each rank uploads in
+    assert persisted[0][3] == sum(f["size_bytes"] for f in manifest["files"]) == 6 * len(reporting)
     assert sorted(f["path"] for f in manifest["files"]) == [f"shard_{r}" for r in reporting]
     assert manifest["metadata"]["reported_by"] == reporting
     for other in reporting[1:]:  # only the writer's directory carries a manifest
@@ -154,7 +156,7 @@ def test_an_async_writer_hashes_in_ray_s_upload_thread(tmp_path):
     d = tmp_path / "r0"
     d.mkdir()
     (d / "model.pt").write_bytes(b"w")
-    sealer = ReportSealer(_Link(_Meetings(1), 0), lambda step, path: None)  # type: ignore[arg-type]
+    sealer = ReportSealer(_Link(_Meetings(1), 0), lambda step, path, size: None)  # type: ignore[arg-type]
     prepared = sealer.prepare("ray-report1", str(d), A, 3, lambda c, n: SimpleNamespace(path=c))
     assert not (d / MANIFEST_NAME).exists()  # nothing hashed in the loop
     prepared.upload(str(d), "checkpoint_3")

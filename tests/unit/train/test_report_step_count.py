@@ -125,6 +125,7 @@ class _Observer:
     def __init__(self) -> None:
         self.last_step = -1
         self.steps: list[int] = []
+        self.replays_from: list[int] = []
 
     def observe(self, metrics: dict[str, Any], *, step: int | None = None, state: Any = None,
                 defer_nan: bool = False) -> tuple[dict[str, Any], int]:
@@ -141,6 +142,9 @@ class _Observer:
 
     def paced(self, *, checkpointed: bool, seconds: float) -> None:
         pass
+
+    def replays(self, before: int) -> None:
+        self.replays_from.append(before)
 
 
 class _Forwarder:
@@ -176,6 +180,7 @@ def test_every_rank_counts_on_from_the_step_the_one_choice_carries(monkeypatch):
     assert coordinator.facts[CHOSEN_KEY.format(attempt=1)] == ("/run/checkpoint_000004", 49)
     assert waiter.get_checkpoint() is latest  # read from the chooser's answer, not chosen again
     for bridge in (chooser, waiter):
+        assert bridge.observer.replays_from == [-1]  # type: ignore[attr-defined]
         assert bridge.sealed_step == 49
         bridge.report({"loss": 0.5})
         bridge.report({"loss": 0.4})
@@ -193,6 +198,7 @@ def test_nothing_chosen_is_a_fresh_count_on_every_rank(monkeypatch):
     for bridge in (chooser, waiter):
         bridge.observer.last_step = 120  # an in-place rollback's process had reached 120
         assert bridge.get_checkpoint() is None
+        assert bridge.observer.replays_from == []  # type: ignore[attr-defined]
         bridge.report({"loss": 0.5})
         assert bridge.observer.steps == [0]  # type: ignore[attr-defined]
 
@@ -204,3 +210,55 @@ def test_the_commit_event_names_the_unit():
     bridge._persisted(3, "/run/checkpoint_000003")
     kind, extra = coordinator.events[-1]
     assert kind == "checkpoint_committed" and extra["step_unit"] == "epoch"
+
+
+# -- the commit of a sealed checkpoint records the bytes its manifest seals -----------------
+class _SealingLink(_Link):
+    """One rank alone: every meeting is its own value."""
+
+    alone = False
+
+    def __init__(self, coordinator: _Coordinator) -> None:
+        super().__init__(coordinator, 0)
+        self.ctx = SimpleNamespace(rank=0, attempt=1, world_size=1)
+
+    def gather(self, tag: str, value: Any) -> list[Any]:
+        return [value]
+
+    def quiet(self) -> _SealingLink:
+        return self
+
+
+class _UploadingInner(_Inner):
+    """Ray's report in its order for one rank: the upload (SYNC now, ASYNC too: played in
+    the calling thread), none for NO_UPLOAD."""
+
+    def report(self, metrics: Any, checkpoint: Any, name: Any, mode: Any, delete: Any,
+               upload: Any, validation: Any) -> None:
+        from rayguard._ray.report import CheckpointUploadMode
+
+        if checkpoint is not None and mode != CheckpointUploadMode.NO_UPLOAD:
+            upload(checkpoint, "checkpoint_000003")
+
+
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC", "NO_UPLOAD"])
+def test_a_sealed_checkpoint_s_commit_records_its_sealed_bytes(tmp_path, mode):
+    from rayguard._ray.report import CheckpointUploadMode
+    from rayguard.checkpoint.manifest import read_manifest
+    from rayguard.observe.timeline import build_run
+
+    (tmp_path / "model.safetensors").write_bytes(b"w" * 1000)
+    (tmp_path / "optimizer.pt").write_bytes(b"o" * 24)
+    coordinator = _Coordinator()
+    bridge = RayReportBridge(_Observer(), _SealingLink(coordinator), _Forwarder(),  # type: ignore[arg-type]
+                             None, SimpleNamespace(fs=None), _UploadingInner(None))  # type: ignore[arg-type]
+    checkpoint = SimpleNamespace(path=str(tmp_path), filesystem=None)
+    bridge.report({"loss": 0.5, "step": 3}, checkpoint,
+                  checkpoint_upload_mode=CheckpointUploadMode(mode),
+                  checkpoint_upload_fn=lambda c, name: c)
+    [(kind, extra)] = coordinator.events
+    assert kind == "checkpoint_committed"
+    assert extra["bytes"] == read_manifest(tmp_path).size_bytes == 1024
+    events = [{"time": 1.0, "kind": "attempt_started", "attempt": 1},
+              {"time": 2.0, "kind": kind, "attempt": 1, **extra}]
+    assert build_run(events)["summary"]["checkpoint_bytes"] == 1024
