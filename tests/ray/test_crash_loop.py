@@ -36,15 +36,6 @@ def transient_loop(config):
                               state={"step": step} if ctx.rank == 0 else None)
 
 
-def raise_at_end_loop(config):
-    state = rayguard.train.load_state()
-    start = 0 if state is None else state["step"] + 1
-    for step in range(start, 3):
-        rayguard.train.report({"loss": 1.0, "step": step},
-                              state={"step": step} if rayguard.train.get_context().rank == 0 else None)
-    raise RuntimeError("always at the end")
-
-
 def _attempts(events):
     return sorted({e["attempt"] for e in events if e["kind"] == "attempt_started"})
 
@@ -90,18 +81,6 @@ def test_a_transient_error_still_recovers(ray_local, tmp_path):
     events = read_events(result.path)
     assert _attempts(events) == [0, 1] and events[-1]["kind"] == "finished"
     assert trainer.last_metrics == {"loss": 1.0, "step": 3}
-
-
-def test_a_failure_that_repeats_at_the_same_step_stops_after_one_repeat(ray_local, tmp_path):
-    error, events = _fit_error(tmp_path, raise_at_end_loop, "at-end")
-    assert _attempts(events) == [0, 1]
-    assert "always at the end" in str(error)
-
-
-def test_zero_crash_loop_retries_stops_at_the_first_exception(ray_local, tmp_path):
-    error, events = _fit_error(tmp_path, bug_loop, "no-retry",
-                               health=rayguard.HealthConfig(crash_loop_retries=0))
-    assert _attempts(events) == [0]
 
 
 def test_the_callers_run_config_is_not_changed(tmp_path):
