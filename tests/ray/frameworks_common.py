@@ -10,8 +10,10 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import ray.cloudpickle as cloudpickle
 
@@ -158,6 +160,54 @@ def starts(log: str) -> list[int]:
         if rec["rank"] == 0:
             first.setdefault((rec["pid"], rec["attempt"]), rec["step"])
     return list(first.values())
+
+
+@dataclass(frozen=True)
+class FaultsRun:
+    """A module's one run with every fault in sequence (``faults`` fixtures): its result, its
+    run directory, the loops' step log and the folder of the injectors' marker files."""
+
+    result: Any
+    run_dir: str
+    log: str
+    marker_dir: str
+
+    def damaged(self) -> str:
+        """The checkpoint the second kill damaged (its injector wrote the path)."""
+        return Path(self.marker_dir, "corrupted").read_text()
+
+
+def starts_by_attempt(log: str) -> dict[int, int]:
+    """Rank 0's first completed step in each attempt, from the loops' step log: where each
+    run of the training function began (rank 0 is never the killed rank in these tests)."""
+    first: dict[int, int] = {}
+    if os.path.exists(log):
+        for line in Path(log).read_text().splitlines():
+            rec = json.loads(line)
+            if rec["rank"] == 0:
+                first.setdefault(rec["attempt"], rec["step"])
+    return first
+
+
+def per_attempt(run_dir: str, kind: str, *fields: str) -> dict[int, list]:
+    """The ``kind`` events of the run's log grouped by the attempt that recorded them, each
+    as its ``fields`` (one field: the value; several: a tuple), in the log's order."""
+    grouped: dict[int, list] = {}
+    for e in events(run_dir):
+        if e["kind"] == kind:
+            values = tuple(e.get(f) for f in fields)
+            grouped.setdefault(e["attempt"], []).append(
+                values[0] if len(fields) == 1 else values)
+    return grouped
+
+
+def assert_same_weights(expected: dict, got: dict) -> None:
+    """Every tensor of ``got`` equals (bit for bit) the one of the same name in ``expected``."""
+    import torch
+
+    assert expected.keys() == got.keys()
+    unequal = [k for k in expected if not torch.equal(expected[k], got[k])]
+    assert not unequal, f"weights differ from the fault-free run: {unequal}"
 
 
 def record_step(log: str, step: int) -> None:

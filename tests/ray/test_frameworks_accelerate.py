@@ -7,6 +7,34 @@ rolled back after a NaN.
 Accelerate's checkpoint holds the model, the optimizer (momentum) and each rank's RNG states;
 the loop draws its batches from the torch RNG (seeded per rank by rayguard), so a resumed run
 ends with exactly the weights of a run without the fault.
+
+Two fits: ``reference`` (no fault) and ``faults``, every fault in sequence under live
+recovery, one per attempt: attempt 0 ends with rank 1 killed at step 12; attempt 1 with rank
+1 killed at step 22, the newest checkpoint (step 20) damaged first; attempt 2 with a NaN loss
+on rank 0 at step 27, rolled back in place; attempt 3 runs to step 30. The tests read that
+one run's event log and step log per attempt. What each stands for (the kill, NaN and
+nan_policy="fail" fits of the three earlier tests, each a fit of its own):
+
+- ``test_the_faults_run_finishes_every_step`` stands for the ``result.error is None`` and the
+  final step and finite loss of ``test_a_nan_loss_in_an_accelerate_loop_is_rolled_back`` and
+  ``test_a_killed_worker_resumes_through_accelerate_and_skips_a_damaged_checkpoint``;
+- ``test_kill_1_...`` and ``test_kill_2_...`` for that kill test's starts ``[1, 11, 16]``,
+  its rejected step-20 checkpoint (event and ``rayguard_rejected.json``) and its two
+  restarts, now each checked in its attempt (the rank that died, the path, the checkpoint
+  offered);
+- ``test_a_nan_loss_...`` for the NaN test's ``nan_detected`` before its ``restart`` and its
+  resume right after the checkpoint before the NaN, and for the metric named by the removed
+  ``test_nan_policy_fail_ends_an_accelerate_run``;
+- ``test_..._ends_with_the_weights_of_the_fault_free_run`` for the kill test's weight
+  equality, the NaN now in the same run: the NaN step is redone from the checkpoint before it
+  (step 25) with Accelerate's saved RNG states and the fault spent, so the replay is the
+  fault-free run's steps 26-30, bit for bit.
+
+``test_nan_policy_fail_ends_an_accelerate_run`` is gone: its decision (the run ends, with
+rayguard's message, no restart) is made in the worker from the report, whatever the loop is,
+and ``test_ray_report_loops.py::test_a_nan_with_policy_fail_ends_the_run_with_rayguards_message``
+proves it; this loop is the user's own code, nothing of Accelerate's stands between the
+report and the error.
 """
 
 from __future__ import annotations
@@ -25,7 +53,6 @@ import ray.train
 import safetensors.torch
 import torch
 from ray.train import Checkpoint, RunConfig, ScalingConfig
-from ray.train.v2.api.exceptions import WorkerGroupError
 
 import rayguard
 
@@ -151,6 +178,18 @@ def reference(ray_local_module, tmp_path_factory):
     return _fit(tmp, "reference", guard=guard, hooks=[Slow(0.4)])
 
 
+@pytest.fixture(scope="module")
+def faults(ray_local_module, tmp_path_factory):
+    """Kill 1 (step 12), kill 2 (step 22, the step-20 checkpoint damaged first), then a NaN
+    loss (step 27): one run, four attempts."""
+    tmp = tmp_path_factory.mktemp("accelerate-faults")
+    log, run_dir = str(tmp / "steps.jsonl"), str(tmp / "faults")
+    hooks = [Record(log), KillAt(1, {12: False, 22: True}, str(tmp), run_dir),
+             NanAt(27, str(tmp / "nan-fired"))]
+    result, _ = _fit(tmp, "faults", hooks=hooks)
+    return common.FaultsRun(result, run_dir, log, str(tmp))
+
+
 def test_an_accelerate_loop_outlasting_the_watchdog_bounds_is_not_stalled(reference):
     result, run_dir = reference
     common.assert_clean(result, run_dir)
@@ -159,46 +198,57 @@ def test_an_accelerate_loop_outlasting_the_watchdog_bounds_is_not_stalled(refere
     common.assert_sealed(result, run_dir, STEPS // SAVE)
 
 
-def test_a_killed_worker_resumes_through_accelerate_and_skips_a_damaged_checkpoint(
-        reference, tmp_path):
-    """Kill 1 (step 12): resume from the newest checkpoint (step 10) at step 11. Kill 2
-    (step 22), the newest checkpoint (step 20) damaged first: it is rejected, the run
-    resumes from step 15 at step 16. Both end where the fault-free run ends."""
-    log = str(tmp_path / "steps.jsonl")
-    run_dir = str(tmp_path / "faults")
-    killer = KillAt(1, {12: False, 22: True}, str(tmp_path), run_dir)
-    result, _ = _fit(tmp_path, "faults", hooks=[Record(log), killer])
-    assert result.error is None
-    assert common.starts(log) == [1, 11, 16]
-    damaged = Path(tmp_path, "corrupted").read_text()
+def test_the_faults_run_finishes_every_step(faults):
+    assert faults.result.error is None
+    assert faults.result.metrics["step"] == STEPS
+    assert torch.isfinite(torch.tensor(faults.result.metrics["loss"]))
+    assert common.starts_by_attempt(faults.log) == {0: 1, 1: 11, 2: 16, 3: 26}
+    assert common.kinds(faults.run_dir).count("restart") == 3
+
+
+def test_kill_1_replaces_the_killed_rank_and_resumes_after_the_newest_checkpoint(faults):
+    """Attempt 0 ends with rank 1's death at step 12; attempt 1 resumes from step 10."""
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[0] == [1]
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[0] == [
+        ("kill", "live")]
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[1] == [
+        (10, False)]
+    assert common.starts_by_attempt(faults.log)[1] == 11
+
+
+def test_kill_2_skips_the_damaged_newest_checkpoint_for_the_one_before(faults):
+    """Attempt 1 ends with rank 1's death at step 22, the step-20 checkpoint damaged first;
+    attempt 2 rejects it and resumes from step 15."""
+    damaged = faults.damaged()
     assert json.loads(Path(damaged, STEP_FILE).read_text())["step"] == 20
-    assert common.rejected_names(run_dir) == [os.path.basename(damaged)], common.events(run_dir)
-    assert os.path.basename(damaged) in Path(run_dir, "rayguard_rejected.json").read_text()
-    assert common.kinds(run_dir).count("restart") == 2
-    expected, got = _weights(reference[0]), _weights(result)
-    assert expected.keys() == got.keys()
-    unequal = [k for k in expected if not torch.equal(expected[k], got[k])]
-    assert not unequal, f"weights differ from the fault-free run: {unequal}"
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[1] == [1]
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[1] == [
+        ("kill", "live")]
+    assert common.per_attempt(faults.run_dir, "checkpoint_rejected", "path") == {2: [damaged]}
+    assert common.rejected_names(faults.run_dir) == [os.path.basename(damaged)]
+    rejected = Path(faults.run_dir, "rayguard_rejected.json").read_text()
+    assert os.path.basename(damaged) in rejected
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[2] == [
+        (15, True)]
+    assert common.starts_by_attempt(faults.log)[2] == 16
 
 
-def test_a_nan_loss_in_an_accelerate_loop_is_rolled_back(ray_local_module, tmp_path):
-    """NaN at step 7, reported at once; the restart resumes from step 5 at step 6."""
-    log = str(tmp_path / "steps.jsonl")
-    result, run_dir = _fit(tmp_path, "nan", steps=10,
-                           hooks=[Record(log), NanAt(7, str(tmp_path / "nan-fired"))])
-    assert result.error is None
-    log_kinds = common.kinds(run_dir)
-    assert "nan_detected" in log_kinds and "restart" in log_kinds, log_kinds
-    assert log_kinds.index("nan_detected") < log_kinds.index("restart")
-    assert common.starts(log) == [1, 6]
-    assert result.metrics["step"] == 10 and torch.isfinite(torch.tensor(result.metrics["loss"]))
+def test_a_nan_loss_in_an_accelerate_loop_is_rolled_back_in_place(faults):
+    """Attempt 2 ends with rank 0's NaN loss at step 27, reported at once; every rank
+    re-enters the loop in its own process (attempt 3) from step 25."""
+    detected = common.per_attempt(faults.run_dir, "nan_detected", "step", "detail")
+    assert list(detected) == [2], detected
+    assert all(step == 27 and "metric 'loss' is nan" in detail
+               for step, detail in detected[2]), detected
+    order = [(e["kind"], e["attempt"]) for e in common.events(faults.run_dir)]
+    assert order.index(("nan_detected", 2)) < order.index(("restart", 2))
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[2] == [
+        ("nan", "in_place")]
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank").keys() == {0, 1}
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[3] == [
+        (25, False)]
+    assert common.starts_by_attempt(faults.log)[3] == 26
 
 
-def test_nan_policy_fail_ends_an_accelerate_run(ray_local_module, tmp_path):
-    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(nan_policy="fail"))
-    with pytest.raises(WorkerGroupError) as info:
-        _fit(tmp_path, "nan-fail", guard=guard, steps=10,
-             hooks=[NanAt(3, str(tmp_path / "nan-fired"))])
-    message = str(info.value)
-    assert "NonFiniteMetricError" in message and "nan_policy='fail'" in message, message
-    assert "restart" not in common.kinds(str(tmp_path / "nan-fail"))
+def test_the_faults_run_ends_with_the_weights_of_the_fault_free_run(reference, faults):
+    common.assert_same_weights(_weights(reference[0]), _weights(faults.result))

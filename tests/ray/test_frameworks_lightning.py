@@ -9,6 +9,36 @@ at the start of the epoch after the checkpoint. Lightning makes this loop determ
 same initial weights, one data order per epoch on every rank (its ``DistributedSampler``,
 seed 0, ``set_epoch``), the optimizer and the loop position in its checkpoint; the model has
 no randomness of its own. A resumed run therefore ends with the fault-free run's weights.
+
+Two fits: ``reference`` (no fault) and ``faults``, every fault in sequence under live
+recovery, one per attempt (B = 8 steps an epoch; a checkpoint's step is Lightning's
+global step at its epoch's end): attempt 0 ends with rank 1 killed in epoch 2; attempt 1
+with rank 1 killed in epoch 4, the newest checkpoint (end of epoch 3) damaged first;
+attempt 2, back in epoch 4, with a NaN loss on rank 0 at its batch 5, reported at the
+epoch's end and rolled back in place; attempt 3 runs epochs 4 and 5. The tests read that
+one run's event log and step log per attempt. What each stands for (the kill, NaN and
+nan_policy="fail" fits of the three earlier tests, each a fit of its own):
+
+- ``test_the_faults_run_finishes_every_epoch`` stands for the ``result.error is None``,
+  the final epoch and finite loss of ``test_a_nan_loss_in_a_lightning_loop_is_rolled_back``
+  and ``test_a_killed_worker_resumes_through_lightning_and_skips_a_damaged_checkpoint``;
+- ``test_kill_1_...`` and ``test_kill_2_...`` for that kill test's starts
+  ``[1, 2B + 1, 3B + 1]``, its rejected checkpoint (event and ``rayguard_rejected.json``)
+  and its two restarts, now each checked in its attempt (the rank that died, the path, the
+  checkpoint offered);
+- ``test_a_nan_loss_...`` for the NaN test's ``nan_detected`` before its ``restart`` and its
+  resume at the start of the epoch after the checkpoint before the NaN, and for the metric
+  (``train_loss``) named by the removed ``test_nan_policy_fail_ends_a_lightning_run``;
+- ``test_..._ends_with_the_weights_of_the_fault_free_run`` for the kill test's weight
+  equality, the NaN now in the same run: epoch 4 is redone from the end of epoch 3 (the
+  sampler's order is the epoch's, the fault spent), so the replay is the fault-free run's.
+
+``test_nan_policy_fail_ends_a_lightning_run`` is gone: its decision (the run ends, with
+rayguard's message, no restart) is made in the worker from the report, and
+``test_ray_report_loops.py::test_a_nan_with_policy_fail_ends_the_run_with_rayguards_message``
+proves it. What only Lightning could change, its error handling between the report and the
+worker (``_call_and_handle_interrupt`` tears down and re-raises any ``BaseException``), is
+crossed here by the rollback's own exception at the NaN.
 """
 
 from __future__ import annotations
@@ -25,7 +55,6 @@ import pytest
 import ray.cloudpickle as cloudpickle
 import torch
 from ray.train import RunConfig, ScalingConfig
-from ray.train.v2.api.exceptions import WorkerGroupError
 
 import rayguard
 
@@ -112,10 +141,6 @@ def _weights(result) -> dict[str, torch.Tensor]:
         return torch.load(os.path.join(d, CKPT_FILE), weights_only=False)["state_dict"]
 
 
-def _epoch_of(checkpoint_dir: str) -> int:
-    return torch.load(os.path.join(checkpoint_dir, CKPT_FILE), weights_only=False)["epoch"]
-
-
 @pytest.fixture(scope="module")
 def reference(ray_local_module, tmp_path_factory):
     """A run without faults whose steps (0.25 s) make it outlast both watchdog bounds."""
@@ -123,6 +148,21 @@ def reference(ray_local_module, tmp_path_factory):
     guard = rayguard.GuardConfig(health=rayguard.HealthConfig(startup_timeout_s=10,
                                                               stall_timeout_s=10))
     return _fit(tmp, "reference", guard=guard, callbacks=[SlowSteps(0.25)])
+
+
+NAN_AT = 4 * BATCHES + 5  # Lightning's global_step (steps done) at rank 0's NaN: epoch 4, batch 5
+
+
+@pytest.fixture(scope="module")
+def faults(ray_local_module, tmp_path_factory):
+    """Kill 1 (epoch 2), kill 2 (epoch 4, the end-of-epoch-3 checkpoint damaged first), then
+    a NaN loss (epoch 4 again, after the kill's batch): one run, four attempts."""
+    tmp = tmp_path_factory.mktemp("lightning-faults")
+    log, run_dir = str(tmp / "steps.jsonl"), str(tmp / "faults")
+    killer = KillAt(1, {2: False, 4: True}, str(tmp), run_dir)
+    module = functools.partial(NanOnce, str(tmp / "nan-fired"), NAN_AT)
+    result, _ = _fit(tmp, "faults", callbacks=[Recorder(log), killer], module_fn=module)
+    return common.FaultsRun(result, run_dir, log, str(tmp))
 
 
 def test_a_lightning_loop_outlasting_the_watchdog_bounds_is_not_stalled(reference):
@@ -133,50 +173,63 @@ def test_a_lightning_loop_outlasting_the_watchdog_bounds_is_not_stalled(referenc
     common.assert_sealed(result, run_dir, EPOCHS)
 
 
-def test_a_killed_worker_resumes_through_lightning_and_skips_a_damaged_checkpoint(
-        reference, tmp_path):
-    """Kill 1 (epoch 2): resume from the newest checkpoint (end of epoch 1) at epoch 2.
-    Kill 2 (epoch 4), the newest checkpoint (end of epoch 3) damaged first: it is rejected,
-    the run resumes from the end of epoch 2 at epoch 3. Both end where the fault-free run
-    ends."""
-    log = str(tmp_path / "steps.jsonl")
-    run_dir = str(tmp_path / "faults")
-    killer = KillAt(1, {2: False, 4: True}, str(tmp_path), run_dir)
-    result, _ = _fit(tmp_path, "faults", callbacks=[Recorder(log), killer])
-    assert result.error is None
+def test_the_faults_run_finishes_every_epoch(faults):
+    assert faults.result.error is None
+    assert faults.result.metrics["epoch"] == EPOCHS - 1
+    assert torch.isfinite(torch.tensor(faults.result.metrics["train_loss"]))
     # global steps: epoch e starts after e * BATCHES completed steps
-    assert common.starts(log) == [1, 2 * BATCHES + 1, 3 * BATCHES + 1]
-    damaged = Path(tmp_path, "corrupted").read_text()
-    assert common.rejected_names(run_dir) == [os.path.basename(damaged)], common.events(run_dir)
-    assert os.path.basename(damaged) in Path(run_dir, "rayguard_rejected.json").read_text()
-    assert common.kinds(run_dir).count("restart") == 2
-    expected, got = _weights(reference[0]), _weights(result)
-    assert expected.keys() == got.keys()
-    unequal = [k for k in expected if not torch.equal(expected[k], got[k])]
-    assert not unequal, f"weights differ from the fault-free run: {unequal}"
+    assert common.starts_by_attempt(faults.log) == {
+        0: 1, 1: 2 * BATCHES + 1, 2: 3 * BATCHES + 1, 3: 4 * BATCHES + 1}
+    assert common.kinds(faults.run_dir).count("restart") == 3
 
 
-def test_a_nan_loss_in_a_lightning_loop_is_rolled_back(ray_local_module, tmp_path):
-    """NaN at step 2 * BATCHES + 2 (epoch 2); the report at the end of epoch 2 carries it; the
-    restart resumes from the end of epoch 1."""
-    log = str(tmp_path / "steps.jsonl")
-    module = functools.partial(NanOnce, str(tmp_path / "nan-fired"), 2 * BATCHES + 2)
-    result, run_dir = _fit(tmp_path, "nan", callbacks=[Recorder(log)], epochs=4,
-                           module_fn=module)
-    assert result.error is None
-    log_kinds = common.kinds(run_dir)
-    assert "nan_detected" in log_kinds and "restart" in log_kinds, log_kinds
-    assert log_kinds.index("nan_detected") < log_kinds.index("restart")
-    assert common.starts(log) == [1, 2 * BATCHES + 1]
-    assert result.metrics["epoch"] == 3 and torch.isfinite(torch.tensor(result.metrics["train_loss"]))
+def test_kill_1_replaces_the_killed_rank_and_resumes_after_the_newest_checkpoint(faults):
+    """Attempt 0 ends with rank 1's death in epoch 2; attempt 1 resumes from the end of
+    epoch 1."""
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[0] == [1]
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[0] == [
+        ("kill", "live")]
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[1] == [
+        (2 * BATCHES, False)]
+    assert common.starts_by_attempt(faults.log)[1] == 2 * BATCHES + 1
 
 
-def test_nan_policy_fail_ends_a_lightning_run(ray_local_module, tmp_path):
-    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(nan_policy="fail"))
-    with pytest.raises(WorkerGroupError) as info:
-        _fit(tmp_path, "nan-fail", guard=guard, epochs=2,
-             module_fn=functools.partial(NanOnce, str(tmp_path / "nan-fired"), 2))
-    message = str(info.value)
-    assert "NonFiniteMetricError" in message and "nan_policy='fail'" in message, message
-    assert "train_loss" in message
-    assert "restart" not in common.kinds(str(tmp_path / "nan-fail"))
+def test_kill_2_skips_the_damaged_newest_checkpoint_for_the_one_before(faults):
+    """Attempt 1 ends with rank 1's death in epoch 4, the end-of-epoch-3 checkpoint damaged
+    first; attempt 2 rejects it and resumes from the end of epoch 2."""
+    damaged = faults.damaged()  # its file no longer loads: its step from its commit
+    committed = {e["path"]: e["step"] for e in common.events(faults.run_dir)
+                 if e["kind"] == "checkpoint_committed"}
+    assert committed[damaged] == 4 * BATCHES  # the end of epoch 3
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[1] == [1]
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[1] == [
+        ("kill", "live")]
+    assert common.per_attempt(faults.run_dir, "checkpoint_rejected", "path") == {2: [damaged]}
+    assert common.rejected_names(faults.run_dir) == [os.path.basename(damaged)]
+    rejected = Path(faults.run_dir, "rayguard_rejected.json").read_text()
+    assert os.path.basename(damaged) in rejected
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[2] == [
+        (3 * BATCHES, True)]
+    assert common.starts_by_attempt(faults.log)[2] == 3 * BATCHES + 1
+
+
+def test_a_nan_loss_in_a_lightning_loop_is_rolled_back_in_place(faults):
+    """Attempt 2 ends with rank 0's NaN loss in epoch 4, carried by the report at the epoch's
+    end (every rank's, ``train_loss`` is synced); every rank re-enters the loop in its own
+    process (attempt 3) from the end of epoch 3."""
+    detected = common.per_attempt(faults.run_dir, "nan_detected", "step", "detail")
+    assert list(detected) == [2], detected
+    assert all(step == 5 * BATCHES and "metric 'train_loss' is nan" in detail
+               for step, detail in detected[2]), detected
+    order = [(e["kind"], e["attempt"]) for e in common.events(faults.run_dir)]
+    assert order.index(("nan_detected", 2)) < order.index(("restart", 2))
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[2] == [
+        ("nan", "in_place")]
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank").keys() == {0, 1}
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[3] == [
+        (4 * BATCHES, False)]
+    assert common.starts_by_attempt(faults.log)[3] == 4 * BATCHES + 1
+
+
+def test_the_faults_run_ends_with_the_weights_of_the_fault_free_run(reference, faults):
+    common.assert_same_weights(_weights(reference[0]), _weights(faults.result))

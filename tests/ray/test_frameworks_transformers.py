@@ -8,6 +8,38 @@ Transformers makes this loop deterministic: the same initial weights (``set_seed
 order on every rank (``data_seed``) and, in its checkpoint, the optimizer, the scheduler,
 each rank's RNG states and the step to skip the data loader to. A resumed run therefore ends
 with exactly the weights of a run without the fault.
+
+Two fits for the trainer: ``reference`` (no fault) and ``faults``, every fault in sequence
+under live recovery, one per attempt (a checkpoint every 4 steps): attempt 0 ends with rank 1
+killed at step 10; attempt 1 with rank 1 killed at step 18, the newest checkpoint (step 16)
+damaged first; attempt 2 with a NaN loss on rank 0 at step 19, carried by the report at step
+20 and rolled back in place; attempt 3 runs to step 24. The tests read that one run's event
+log and step log per attempt. What each stands for (the kill, NaN and nan_policy="fail" fits
+of the three earlier tests, each a fit of its own):
+
+- ``test_the_faults_run_finishes_every_step`` stands for the ``result.error is None``, the
+  final step and finite loss of ``test_a_nan_loss_in_a_transformers_loop_is_rolled_back``
+  and ``test_a_killed_worker_resumes_through_transformers_and_skips_a_damaged_checkpoint``;
+- ``test_kill_1_...`` and ``test_kill_2_...`` for that kill test's starts ``[1, 9, 13]``,
+  its rejected step-16 checkpoint (event and ``rayguard_rejected.json``) and its two
+  restarts, now each checked in its attempt (the rank that died, the path, the checkpoint
+  offered);
+- ``test_a_nan_loss_...`` for the NaN test's ``nan_detected`` before its ``restart`` and its
+  resume right after the checkpoint before the NaN (here attempt 2's own step-16 checkpoint,
+  not the rejected one of the same step), and for the metric (``grad_norm``) named by the
+  removed ``test_nan_policy_fail_ends_a_transformers_run``;
+- ``test_..._ends_with_the_weights_of_the_fault_free_run`` for the kill test's weight
+  equality, the NaN now in the same run: steps 17-20 are redone from the step-16 checkpoint
+  (optimizer, scheduler, each rank's RNG states, the data position; the fault spent), so the
+  replay is the fault-free run's. The NaN model is built from the RNG state the example's
+  own model is built from (``nan_gpt2``), so it starts from the reference's weights.
+
+``test_nan_policy_fail_ends_a_transformers_run`` is gone: its decision (the run ends, with
+rayguard's message, no restart) is made in the worker from the report, and
+``test_ray_report_loops.py::test_a_nan_with_policy_fail_ends_the_run_with_rayguards_message``
+proves it. What only Transformers could change, its handling between the report (in its
+callback) and the worker, is crossed here by the rollback's own exception at the NaN; the
+watched metric that carries a NaN in these reports (``grad_norm``) is checked above.
 """
 
 from __future__ import annotations
@@ -26,7 +58,6 @@ import safetensors.torch
 import torch
 import transformers
 from ray.train import RunConfig, ScalingConfig
-from ray.train.v2.api.exceptions import WorkerGroupError
 
 import rayguard
 
@@ -79,21 +110,40 @@ class KillAt(transformers.TrainerCallback):
 
 
 class NanOnce(transformers.GPT2LMHeadModel):
-    """The example's tiny GPT-2 whose ``at``-th training forward on rank 0 returns a NaN loss
-    (once per test: a marker file): its gradient poisons every weight through DDP."""
+    """The example's tiny GPT-2 whose training forward on rank 0 returns a NaN loss once (a
+    marker file, across processes): its ``nan_at``-th since it was built or, with
+    ``nan_at=None``, the one :class:`NanAtStep` arms. Its gradient poisons every weight
+    through DDP."""
+
+    nan_armed = False
 
     def forward(self, input_ids=None, labels=None, **kwargs):
         out = super().forward(input_ids=input_ids, labels=labels, **kwargs)
         if self.training:
             self.calls = getattr(self, "calls", 0) + 1
-            if (self.calls == self.nan_at and rayguard.train.get_context().rank == 0
+            due, self.nan_armed = self.nan_armed or self.calls == self.nan_at, False
+            if (due and rayguard.train.get_context().rank == 0
                     and common.fire_once(self.nan_marker)):
                 out.loss = out.loss * float("nan")
         return out
 
 
-def nan_gpt2(marker: str, at: int) -> NanOnce:
-    model = NanOnce(example.tiny_gpt2().config)
+class NanAtStep(transformers.TrainerCallback):
+    """Arms the model's NaN (:class:`NanOnce`, ``nan_at=None``) for global step ``at``, in
+    whichever attempt reaches it first."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step + 1 == self.at:
+            model.nan_armed = True
+
+
+def nan_gpt2(marker: str, at: int | None) -> NanOnce:
+    with torch.random.fork_rng():  # the config only: the weights from train_func's seed
+        config = example.tiny_gpt2().config
+    model = NanOnce(config)
     model.nan_marker, model.nan_at = marker, at
     return model
 
@@ -131,6 +181,25 @@ def reference(ray_local_module, tmp_path_factory):
     return result, run_dir
 
 
+# Transformers' default logging_nan_inf_filter=True logs a NaN step's loss as the running
+# mean (and 0.0 once every step is NaN): the NaN shows in the logged grad_norm.
+WATCH = ("loss", "grad_norm")
+
+
+@pytest.fixture(scope="module")
+def faults(ray_local_module, tmp_path_factory):
+    """Kill 1 (step 10), kill 2 (step 18, the step-16 checkpoint damaged first), then a NaN
+    loss (step 19): one run, four attempts."""
+    tmp = tmp_path_factory.mktemp("hf-faults")
+    log, run_dir = str(tmp / "steps.jsonl"), str(tmp / "faults")
+    killer = KillAt(1, {10: False, 18: True}, str(tmp), run_dir)
+    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(watch_metrics=WATCH))
+    result, _ = _fit(tmp, "faults", guard=guard,
+                     callbacks=[Recorder(log), killer, NanAtStep(19)],
+                     model_fn=functools.partial(nan_gpt2, str(tmp / "nan-fired"), None))
+    return common.FaultsRun(result, run_dir, log, str(tmp))
+
+
 def test_a_transformers_loop_outlasting_the_watchdog_bounds_is_not_stalled(reference):
     result, run_dir = reference
     common.assert_clean(result, run_dir)
@@ -139,58 +208,62 @@ def test_a_transformers_loop_outlasting_the_watchdog_bounds_is_not_stalled(refer
     common.assert_sealed(result, run_dir, STEPS // SAVE)
 
 
-def test_a_killed_worker_resumes_through_transformers_and_skips_a_damaged_checkpoint(
-        reference, tmp_path):
-    """Kill 1 (step 10): resume from the newest checkpoint (step 8) at step 9. Kill 2
-    (step 18), the newest checkpoint (step 16) damaged first: it is rejected, the run
-    resumes from step 12 at step 13. Both resumes end where the fault-free run ends."""
-    log = str(tmp_path / "steps.jsonl")
-    run_dir = str(tmp_path / "faults")
-    killer = KillAt(1, {10: False, 18: True}, str(tmp_path), run_dir)
-    result, _ = _fit(tmp_path, "faults", callbacks=[Recorder(log), killer])
-    assert result.error is None
-    assert common.starts(log) == [1, 9, 13]
-    damaged = Path(tmp_path, "corrupted").read_text()
+def test_the_faults_run_finishes_every_step(faults):
+    assert faults.result.error is None
+    assert faults.result.metrics["step"] == STEPS
+    assert torch.isfinite(torch.tensor(faults.result.metrics["loss"]))
+    assert common.starts_by_attempt(faults.log) == {0: 1, 1: 9, 2: 13, 3: 17}
+    assert common.kinds(faults.run_dir).count("restart") == 3
+
+
+def test_kill_1_replaces_the_killed_rank_and_resumes_after_the_newest_checkpoint(faults):
+    """Attempt 0 ends with rank 1's death at step 10; attempt 1 resumes from step 8."""
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[0] == [1]
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[0] == [
+        ("kill", "live")]
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[1] == [
+        (8, False)]
+    assert common.starts_by_attempt(faults.log)[1] == 9
+
+
+def test_kill_2_skips_the_damaged_newest_checkpoint_for_the_one_before(faults):
+    """Attempt 1 ends with rank 1's death at step 18, the step-16 checkpoint damaged first;
+    attempt 2 rejects it and resumes from step 12."""
+    damaged = faults.damaged()
     assert _step_of(damaged) == 16
-    assert common.rejected_names(run_dir) == [os.path.basename(damaged)], common.events(run_dir)
-    assert os.path.basename(damaged) in Path(run_dir, "rayguard_rejected.json").read_text()
-    assert common.kinds(run_dir).count("restart") == 2
-    expected, got = _weights(reference[0]), _weights(result)
-    assert expected.keys() == got.keys()
-    unequal = [k for k in expected if not torch.equal(expected[k], got[k])]
-    assert not unequal, f"weights differ from the fault-free run: {unequal}"
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[1] == [1]
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[1] == [
+        ("kill", "live")]
+    assert common.per_attempt(faults.run_dir, "checkpoint_rejected", "path") == {2: [damaged]}
+    assert common.rejected_names(faults.run_dir) == [os.path.basename(damaged)]
+    rejected = Path(faults.run_dir, "rayguard_rejected.json").read_text()
+    assert os.path.basename(damaged) in rejected
+    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[2] == [
+        (12, True)]
+    assert common.starts_by_attempt(faults.log)[2] == 13
 
 
-# Transformers' default logging_nan_inf_filter=True logs a NaN step's loss as the running
-# mean (and 0.0 once every step is NaN): the NaN shows in the logged grad_norm.
-WATCH = ("loss", "grad_norm")
+def test_a_nan_loss_in_a_transformers_loop_is_rolled_back_in_place(faults):
+    """Attempt 2 ends with rank 0's NaN loss at step 19, carried by every rank's report at
+    step 20 (``grad_norm``, reduced across ranks); every rank re-enters the loop in its own
+    process (attempt 3) from attempt 2's own step-16 checkpoint."""
+    detected = common.per_attempt(faults.run_dir, "nan_detected", "step", "detail")
+    assert list(detected) == [2], detected
+    assert all(step == 20 and "metric 'grad_norm' is nan" in detail
+               for step, detail in detected[2]), detected
+    order = [(e["kind"], e["attempt"]) for e in common.events(faults.run_dir)]
+    assert order.index(("nan_detected", 2)) < order.index(("restart", 2))
+    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[2] == [
+        ("nan", "in_place")]
+    assert common.per_attempt(faults.run_dir, "worker_died", "rank").keys() == {0, 1}
+    restored = common.per_attempt(faults.run_dir, "restored", "step", "fallback", "path")[3]
+    assert [(step, fallback) for step, fallback, _ in restored] == [(16, False)]
+    assert restored[0][2] != faults.damaged()  # attempt 2's own step-16 checkpoint
+    assert common.starts_by_attempt(faults.log)[3] == 17
 
 
-def test_a_nan_loss_in_a_transformers_loop_is_rolled_back(ray_local_module, tmp_path):
-    """NaN at step 6; the report at step 8 carries it; the restart resumes from step 4."""
-    log = str(tmp_path / "steps.jsonl")
-    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(watch_metrics=WATCH))
-    result, run_dir = _fit(tmp_path, "nan", guard=guard, callbacks=[Recorder(log)],
-                           max_steps=12, model_fn=functools.partial(
-                               nan_gpt2, str(tmp_path / "nan-fired"), 6))
-    assert result.error is None
-    log_kinds = common.kinds(run_dir)
-    assert "nan_detected" in log_kinds and "restart" in log_kinds, log_kinds
-    assert log_kinds.index("nan_detected") < log_kinds.index("restart")
-    assert common.starts(log) == [1, 5]
-    assert result.metrics["step"] == 12 and torch.isfinite(torch.tensor(result.metrics["loss"]))
-
-
-def test_nan_policy_fail_ends_a_transformers_run(ray_local_module, tmp_path):
-    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(watch_metrics=WATCH,
-                                                              nan_policy="fail"))
-    with pytest.raises(WorkerGroupError) as info:
-        _fit(tmp_path, "nan-fail", guard=guard, max_steps=8,
-             model_fn=functools.partial(nan_gpt2, str(tmp_path / "nan-fired"), 2))
-    message = str(info.value)
-    assert "NonFiniteMetricError" in message and "nan_policy='fail'" in message, message
-    assert "grad_norm" in message
-    assert "restart" not in common.kinds(str(tmp_path / "nan-fail"))
+def test_the_faults_run_ends_with_the_weights_of_the_fault_free_run(reference, faults):
+    common.assert_same_weights(_weights(reference[0]), _weights(faults.result))
 
 
 def trial_fn(config):
