@@ -175,11 +175,13 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             f"rank(s) {sorted(unseen)} raised in attempt {self._attempt}; the error reaches "
             "Ray after this poll"))
         for rank in sorted(unseen):
+            record = raised[rank]
             self._reported.add((self._attempt, rank))
             self.coordinator.record.remote(make_event(
-                "worker_died", f"rank {rank} failed: {raised[rank]}", rank=rank, cause="error",
+                "worker_died", f"rank {rank} failed: {record.summary}", rank=rank,
                 node=self._nodes[rank] if rank < len(self._nodes) else None,
-                attempt=self._attempt))
+                attempt=self._attempt, cause="error", failure="error",
+                error_type=record.error_type, details=record.traceback or record.summary))
         return unseen
 
     def _sync_attempt(self) -> None:

@@ -141,11 +141,11 @@ class RunCoordinator(MemoryHost):
                                traceback=traceback[-20000:])
         self._failures.setdefault(attempt, []).append(record)
 
-    def failed_ranks(self, attempt: int) -> dict[int, str]:
-        """``{rank: summary}`` of the ranks whose training function raised in ``attempt``
+    def failed_ranks(self, attempt: int) -> dict[int, FailureRecord]:
+        """The failure records of the ranks whose training function raised in ``attempt``
         (each records its failure before its error leaves the worker, so a poll of Ray's may
         not show it yet)."""
-        return {record.rank: record.summary for record in self._failures.get(attempt, ())}
+        return {record.rank: record for record in self._failures.get(attempt, ())}
 
     def crash_loop(self, failed_ranks: int, retries: int) -> FailureRecord | None:
         """The record proving that the current attempt repeats a failure, or None."""
