@@ -190,3 +190,34 @@ def test_ranks_that_raised_before_the_poll_saw_them_are_replaced_with_the_others
     live.before_controller_execute_failure_decision(FailureDecision.RETRY)
     (restart,) = restarts(events)
     assert restart["path"] == "live" and restart["ranks"] == [3, 9]
+
+
+def test_under_live_recovery_a_raise_waits_a_moment_for_its_peers(
+        live, coordinator, events, monkeypatch) -> None:
+    # a checkpoint no rank can load: rank 1's raise is polled first, rank 7's record comes
+    # while the controller waits (RAISE_GRACE_S), and both are planned for together
+    import rayguard.controller.callbacks as callbacks
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 2:
+            raised(coordinator, 7)
+
+    monkeypatch.setattr(callbacks.time, "sleep", sleep)
+    raised(coordinator, 1)
+    status = poll({1: ValueError("unknown checkpoint format")})
+    live.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == [1, 7] and slept
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert restarts(events)[-1]["ranks"] == [1, 7]
+
+
+def test_a_death_is_planned_at_once(live, coordinator, monkeypatch) -> None:
+    import rayguard.controller.callbacks as callbacks
+
+    monkeypatch.setattr(callbacks.time, "sleep", lambda s: pytest.fail("waited on a death"))
+    status = poll({4: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == [4]
