@@ -92,7 +92,7 @@ __all__ = [
     "GuardHooksTrainer", "NoopDecision", "QuietRetryPolicy", "RoundingElasticPolicy",
     "ScalingPolicy", "WorkerGroupCallback", "controller_env", "create_scaling_policy",
     "fail_every_worker", "fail_workers", "group_nodes", "marked_failed", "permute_workers",
-    "probe_nodes", "replaced_alone", "reserved_resources", "resources_per_worker",
+    "probe_nodes", "replaced_alone", "replacement_met_a_dead_worker", "reserved_resources", "resources_per_worker",
     "restore_local_ranks", "set_group_label_selector", "set_group_local_ranks",
     "unwrap_worker_error", "worker_slots",
 ]
@@ -118,6 +118,26 @@ class QuietRetryPolicy(DefaultFailurePolicy):
         if decision == FailureDecision.RETRY and log_level() > logging.DEBUG:
             return
         super()._log_decision(decision, *args, **kwargs)  # type: ignore[misc]
+
+    def retry_as_worker_failure(self) -> FailureDecision:
+        """Count a failure as a worker group's (``FailureConfig(max_failures)``): RETRY, a
+        whole-group restart, while the budget lasts, else RAISE."""
+        self._worker_group_failures += 1
+        limit = self.failure_config.max_failures
+        if limit != -1 and self._worker_group_failures > limit:
+            return FailureDecision.RAISE
+        return FailureDecision.RETRY
+
+
+def replacement_met_a_dead_worker(error: Any) -> bool:
+    """Whether ``error`` is Ray's controller failing to replace a worker alone because
+    another worker of the group had died too (its replica-group replacement calls every
+    other worker first: ``clear_result_queue``), not yet seen by a poll."""
+    from ray.exceptions import RayActorError
+    from ray.train import ControllerError
+
+    return isinstance(error, ControllerError) and isinstance(
+        getattr(error, "controller_failure", None), RayActorError)
 
 
 # -- the worker list of before_init_train_context -------------------------------------------

@@ -221,3 +221,18 @@ def test_a_death_is_planned_at_once(live, coordinator, monkeypatch) -> None:
     status = poll({4: ActorDiedError()})
     live.after_worker_group_poll_status(status)
     assert sorted(status.errors) == [4]
+
+
+def test_a_replacement_that_finds_a_second_worker_dead_restarts_the_group(coordinator) -> None:
+    # measured on a node whose workers were all killed: rank 1's death was polled first, and
+    # Ray's replacement of rank 1 alone met rank 0 dead too (ControllerError: RayActorError),
+    # which Ray's own policy does not retry: the run ended
+    from ray.train import ControllerError
+
+    policy = GuardFailurePolicy(FailureConfig(max_failures=2), coordinator)
+    error = ControllerError(ActorDiedError())
+    assert [policy.make_decision(error) for _ in range(3)] == [
+        FailureDecision.RETRY, FailureDecision.RETRY, FailureDecision.RAISE]  # the budget
+    other = ControllerError(RuntimeError("a bug in a callback"))
+    assert GuardFailurePolicy(FailureConfig(max_failures=2), coordinator).make_decision(
+        other) == FailureDecision.RAISE
