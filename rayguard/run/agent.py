@@ -10,7 +10,8 @@ per node (:class:`NodeAggregator`):
   answer into the object store once and every node fetches it once;
 * a **fact** a rank waits for (a hang diagnosis opening, a live-recovery notice): one long
   poll per node, its answer handed to every local rank that waits;
-* **step summaries**: sent in one call per node every ``summary_every_s``;
+* **step summaries**: sent in one call per node every ``summary_every_s``, a rank's
+  summaries of one batch merged into one (:func:`rayguard.observe.steps.merge_summaries`);
 * **hang-diagnosis answers**: the node's ranks' answers in one call (batched as a gather).
 
 What the coordinator receives then grows with nodes, not ranks. Everything else a rank
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rayguard.observe.steps import merge_summaries
 from rayguard.run.waits import MAX_WAITERS, bounded
 
 logger = logging.getLogger("rayguard")
@@ -117,6 +119,7 @@ class NodeAggregator:
         self._batches: dict[str, _Batch] = {}
         self._facts: dict[str, asyncio.Future[Any]] = {}
         self._summaries: list[dict[str, Any]] = []
+        self._summary_of: dict[tuple[Any, Any], int] = {}  # (rank, attempt) -> its place
         self._summary_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sent = 0
@@ -192,8 +195,16 @@ class NodeAggregator:
 
     # -- step summaries --------------------------------------------------------------------
     def summary(self, summary: dict[str, Any]) -> None:
-        """A rank's step summary, sent with the node's others within ``summary_every_s``."""
-        self._summaries.append(summary)
+        """A rank's step summary, sent with the node's others within ``summary_every_s``
+        (merged into the rank's summary of the same attempt already waiting: the
+        coordinator's work per batch is per rank, not per summary)."""
+        key = (summary.get("rank"), summary.get("attempt"))
+        at = self._summary_of.get(key)
+        if at is None or key[0] is None:
+            self._summary_of[key] = len(self._summaries)
+            self._summaries.append(summary)
+        else:
+            self._summaries[at] = merge_summaries(self._summaries[at], summary)
         if self._summary_timer is None:
             self._summary_timer = asyncio.get_running_loop().call_later(
                 self.summary_every_s, self.flush_summaries)
@@ -201,6 +212,7 @@ class NodeAggregator:
     def flush_summaries(self) -> None:
         self._summary_timer = None
         batch, self._summaries = self._summaries, []
+        self._summary_of = {}
         if batch:
             self.sent += 1
             try:
