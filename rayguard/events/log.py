@@ -32,11 +32,14 @@ def append_events(path: Path, events: Iterable[dict[str, Any]]) -> None:
     except FileNotFoundError:  # the directory is made on the first write only (a coordinator
         path.parent.mkdir(parents=True, exist_ok=True)  # appends hundreds a second at scale)
         fd = os.open(path, flags, 0o644)
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file; not writing events into it")
-        f.write(text)
-        f.flush()
+        data = memoryview(text.encode("utf-8"))
+        while data:  # straight to the descriptor: no buffered text file around one write
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 class EventLog:
