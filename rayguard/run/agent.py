@@ -11,7 +11,9 @@ per node (:class:`NodeAggregator`):
 * a **fact** a rank waits for (a hang diagnosis opening, a live-recovery notice): one long
   poll per node, its answer handed to every local rank that waits;
 * **step summaries**: sent in one call per node every ``summary_every_s``, a rank's
-  summaries of one batch merged into one (:func:`rayguard.observe.steps.merge_summaries`);
+  summaries of one batch merged into one (:func:`rayguard.observe.steps.merge_summaries`),
+  through the node's relay: one call per 32 nodes reaches the coordinator
+  (:mod:`rayguard.run.relay`);
 * **hang-diagnosis answers**: the node's ranks' answers in one call (batched as a gather).
 
 What the coordinator receives then grows with nodes, not ranks. Everything else a rank
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rayguard.observe.steps import merge_summaries
+from rayguard.run.relay import RelayingUpstream, RelaySender, SummaryRelay
 from rayguard.run.waits import MAX_WAITERS, bounded
 
 logger = logging.getLogger("rayguard")
@@ -228,18 +231,37 @@ class NodeAggregator:
 
 
 class NodeAgent:
-    """The actor body (asyncio): a :class:`NodeAggregator` over the run's coordinator."""
+    """The actor body (asyncio): a :class:`NodeAggregator` over the run's coordinator.
+    ``relay``: the agent that relays this node's step summaries (``None``: this one relays
+    its group's, :mod:`rayguard.run.relay`)."""
 
-    def __init__(self, coordinator: Any, node: str) -> None:
+    def __init__(self, coordinator: Any, node: str, relay: Any = None) -> None:
         self._coordinator = coordinator
         self._node = node
+        self._relay = relay
         self._aggregator: NodeAggregator | None = None
+        self._lead: SummaryRelay | None = None
 
     @property
     def _agg(self) -> NodeAggregator:
         if self._aggregator is None:  # made on the event loop (its timers need it)
-            self._aggregator = NodeAggregator(RayUpstream(self._coordinator), self._node)
+            direct = RayUpstream(self._coordinator)
+            if self._relay is None:
+                self._lead = SummaryRelay(self._coordinator.step_summaries_nodes.remote,
+                                          every_s=SUMMARY_EVERY_S)
+                upstream = RelayingUpstream(direct, self._lead.add)
+            else:
+                sender = RelaySender(self._relay.relay_summaries.remote, direct.summaries)
+                upstream = RelayingUpstream(direct, sender.send)
+            self._aggregator = NodeAggregator(upstream, self._node)
         return self._aggregator
+
+    async def relay_summaries(self, batch: list[dict[str, Any]]) -> None:
+        """Another node's batch of step summaries, sent on with this group's."""
+        if self._agg is not None and self._lead is not None:
+            self._lead.add(batch)
+        else:  # not a relay (a caller's mistake): straight on
+            self._coordinator.step_summaries.remote(batch)
 
     async def gather(self, tag: str, rank: int, world_size: int, value: Any,
                      timeout_s: float = 1800.0, keep: bool = False, local: int = 0,
@@ -271,9 +293,11 @@ def agent_name(coordinator_id: str, node: str) -> str:
     return f"rayguard-agent:{coordinator_id}:{node}"
 
 
-def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool = True) -> Any:
+def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool = True,
+                relay: Any = None) -> Any:
     """``node``'s agent (called in the coordinator, which thereby owns it); ``pin``: on that
-    node (a real node id), else anywhere (a benchmark's simulated node)."""
+    node (a real node id), else anywhere (a benchmark's simulated node); ``relay``: the
+    agent that relays its step summaries (``None``: it relays its group's)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -281,7 +305,7 @@ def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool =
                                "name": agent_name(coordinator_id, node)}
     if pin:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-    return ray.remote(NodeAgent).options(**options).remote(coordinator, node)
+    return ray.remote(NodeAgent).options(**options).remote(coordinator, node, relay)
 
 
 def wants_agents(world_size: int, setting: str | None) -> bool:

@@ -2,7 +2,9 @@
 Ray cluster, and N simulated ranks, 8 a node, each node with its real ``NodeAggregator``
 (rayguard.run.agent) talking to the coordinator over Ray. The ranks are coroutines in a few
 host actors (no torch); a node's ranks call its aggregator in their own process, as a real
-rank calls the agent on its own node.
+rank calls the agent on its own node. A host's nodes are grouped as the coordinator groups
+real agents (rayguard.run.relay): the first of each 32 relays the group's step summaries,
+in process here (a real node's batch is a call to its relay agent, on the nodes' CPUs).
 
     .venv/bin/python tests/benchmarks/bench_scale.py --ranks 8,64,1024,1100,16384 --json
 
@@ -57,10 +59,13 @@ class Host:
         self.run_dir = run_dir
         self.aggs: dict[int, Any] = {}
         self.fetched: dict[Any, Any] = {}
+        self.relays: dict[int, Any] = {}
+        self.relayed = 0
         self.stop = False
 
     def _agg(self, node: int) -> Any:
-        from rayguard.run.agent import NodeAggregator, RayUpstream
+        from rayguard.run.agent import SUMMARY_EVERY_S, NodeAggregator, RayUpstream
+        from rayguard.run.relay import RelayingUpstream, SummaryRelay, relay_of
 
         host = self
 
@@ -76,8 +81,23 @@ class Host:
                 return await host.fetched[ref]
 
         if node not in self.aggs:
-            self.aggs[node] = NodeAggregator(SharedFetch(self.coordinator), f"sim-{node}")
+            upstream = SharedFetch(self.coordinator)
+            lead = relay_of(self.nodes.index(node))
+            if lead is None:  # this node relays its group's summaries (rayguard.run.relay)
+                relay = self.relays[node] = SummaryRelay(
+                    self.coordinator.step_summaries_nodes.remote, every_s=SUMMARY_EVERY_S)
+                send = relay.add
+            else:  # a real relay is a call between two agents; here one host holds both
+                self._agg(self.nodes[lead])
+                send = self._relayed(self.relays[self.nodes[lead]])
+            self.aggs[node] = NodeAggregator(RelayingUpstream(upstream, send), f"sim-{node}")
         return self.aggs[node]
+
+    def _relayed(self, relay: Any) -> Any:
+        def send(batch: list[dict[str, Any]]) -> None:
+            self.relayed += 1  # a call to the relay, not to the coordinator
+            relay.add(batch)
+        return send
 
     def ranks(self) -> list[int]:
         return [r for n in self.nodes for r in range(n * RANKS_PER_NODE,
@@ -88,7 +108,10 @@ class Host:
         return min((node + 1) * RANKS_PER_NODE, self.world) - node * RANKS_PER_NODE
 
     def sent(self) -> int:
-        return sum(a.sent for a in self.aggs.values())
+        """Calls to the coordinator: the aggregators' and relays', less the node batches
+        of summaries an aggregator gave its group's relay."""
+        return (sum(a.sent for a in self.aggs.values()) - self.relayed
+                + sum(r.sent for r in self.relays.values()))
 
     def cpu(self) -> float:
         t = os.times()
@@ -206,6 +229,8 @@ class Host:
         await asyncio.gather(*(rank(r) for r in self.ranks()), *(watch(n) for n in self.nodes))
         for agg in self.aggs.values():
             agg.flush_summaries()
+        for relay in self.relays.values():
+            relay.flush()
         return direct
 
 
