@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from rayguard.observe.steps import merge_summaries
 from rayguard.run.relay import RelayingUpstream, RelaySender, SummaryRelay
-from rayguard.run.waits import MAX_WAITERS, bounded
+from rayguard.run.waits import MAX_WAITERS, ErrorsOnly, bounded
 
 logger = logging.getLogger("rayguard")
 
@@ -72,7 +72,8 @@ class Upstream(Protocol):
 
 class RayUpstream:
     """The coordinator actor as an :class:`Upstream`: a gather's answer comes as an object
-    reference (put once by the coordinator for every node), fetched here once."""
+    reference (put once by the coordinator for every node), fetched here once, or, when the
+    node gets the errors only, by value (:class:`~rayguard.run.waits.ErrorsOnly`)."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
@@ -81,7 +82,9 @@ class RayUpstream:
                           timeout_s: float, keep: bool, root: int | None) -> list[Any] | None:
         out = await self.actor.gather_many.remote(tag, world_size, values, timeout_s, keep, True,
                                                   root)
-        return None if out is None else await out[0]
+        if out is None or isinstance(out, ErrorsOnly):
+            return None if out is None else out.values()
+        return await out[0]
 
     async def wait_fact(self, key: str, timeout_s: float) -> Any:
         return await self.actor.wait_fact.remote(key, timeout_s)

@@ -320,7 +320,7 @@ class RunCoordinator(MemoryHost):
         """:meth:`gather` for several ranks at once (a node's agent: one call per node): the
         whole answer when ``root`` is None or one of ``values``, else the errors only.
         ``by_ref``: the answer as ``[reference]``, put into the object store once for every
-        node that asks, so that it is serialized once, not once per node."""
+        node that asks (errors only: :class:`~rayguard.run.waits.ErrorsOnly`, by value)."""
         result = await bounded(self._gathers.join(tag, world_size, values, keep=keep), timeout_s)
         if result is None:
             return None

@@ -66,6 +66,7 @@ class Host:
     def _agg(self, node: int) -> Any:
         from rayguard.run.agent import SUMMARY_EVERY_S, NodeAggregator, RayUpstream
         from rayguard.run.relay import RelayingUpstream, SummaryRelay, relay_of
+        from rayguard.run.waits import ErrorsOnly
 
         host = self
 
@@ -73,8 +74,8 @@ class Host:
             async def gather_many(self, tag, world_size, values, timeout_s, keep, root):
                 out = await self.actor.gather_many.remote(tag, world_size, values, timeout_s,
                                                           keep, True, root)
-                if out is None:
-                    return None
+                if out is None or isinstance(out, ErrorsOnly):
+                    return None if out is None else out.values()
                 ref = out[0]
                 if ref not in host.fetched:
                     host.fetched[ref] = asyncio.ensure_future(_fetch(ref))
