@@ -100,10 +100,10 @@ def main() -> None:
                         help='rayguard fault injection, e.g. "kill:rank=1,step=20" (SIGKILL '
                              'rank 1 at its step-20 report: the run resumes from the checkpoint '
                              'before)')
-    parser.add_argument("--recovery", choices=("restart", "live"), default="live",
-                        help='"live" (default): a failed worker is replaced alone and a NaN rolls '
-                             'back in place, the other workers keep their processes; "restart": '
-                             "the whole worker group restarts")
+    parser.add_argument("--recovery", choices=("restart", "live"), default="restart",
+                        help='"live": a failed worker is replaced alone and a NaN rolls back in '
+                             'place, the other workers keep their processes; "restart" '
+                             "(default): the whole worker group restarts")
     args = parser.parse_args()
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)

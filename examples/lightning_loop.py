@@ -99,10 +99,10 @@ def main() -> None:
                         help='rayguard fault injection, e.g. "kill:rank=1,step=24" (SIGKILL '
                              'rank 1 at its report of global step 24, the end of epoch 2: the '
                              'run resumes from the end of epoch 1)')
-    parser.add_argument("--recovery", choices=("restart", "live"), default="live",
-                        help='"live" (default): a failed worker is replaced alone and a NaN rolls '
-                             'back in place, the other workers keep their processes; "restart": '
-                             "the whole worker group restarts")
+    parser.add_argument("--recovery", choices=("restart", "live"), default="restart",
+                        help='"live": a failed worker is replaced alone and a NaN rolls back in '
+                             'place, the other workers keep their processes; "restart" '
+                             "(default): the whole worker group restarts")
     args = parser.parse_args()
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)

@@ -154,7 +154,8 @@ class RobustTrainer(GuardHooksTrainer):
                 self._coordinator, quarantine=self.guard_config.health.quarantine_after is not None,
                 mode=recovery_mode(replica_groups=self._replica_groups, live=self._live)))
             store = CoordinatorStore(self._coordinator)
-        callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store))
+        callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store,
+                                   group_local_ranks=self._live))
         return callbacks
 
     def controller_policies(self) -> dict[str, Any]:

@@ -185,7 +185,8 @@ def _worker(record: Any, rank: int, world: int) -> Any:
     holding the script's ``record``."""
     return SimpleNamespace(
         record=record, resources=dict(record.resources),
-        metadata=SimpleNamespace(node_id=record.node_id, gpu_ids=list(record.gpu_ids)),
+        metadata=SimpleNamespace(node_id=record.node_id, node_ip=record.node_id,  # one IP a node
+                                 gpu_ids=list(record.gpu_ids)),
         distributed_context=DistributedContext(world_rank=rank, world_size=world, local_rank=0,
                                                local_world_size=1, node_rank=0))
 

@@ -94,7 +94,7 @@ def live_config(config: TorchConfig) -> LiveTorchConfig:
 
 
 def apply_live(guard: Any, kwargs: dict[str, Any]) -> bool:
-    """``GuardConfig(recovery="live")``, the default: whether a failed worker can be
+    """``GuardConfig(recovery="live")``: whether a failed worker can be
     replaced alone (a fixed-size group of 2 or more on Ray's own ``TorchConfig``); if so, ``kwargs``'
     ``torch_config`` becomes its live form (:mod:`rayguard._ray.live_backend`). Elsewhere
     only NaN/inf rolls back in place and a lost worker restarts the group, as it is said."""
@@ -112,10 +112,8 @@ def apply_live(guard: Any, kwargs: dict[str, Any]) -> bool:
     elif not live_supported():
         why = "this Ray cannot replace one worker alone"
     if why is not None:
-        # one worker has no survivor to keep: nothing worth a console line
-        log = logger.debug if isinstance(workers, int) and workers < 2 else logger.info
-        log("rayguard: live recovery does not apply: a lost worker restarts the worker "
-            "group (%s); NaN/inf still rolls back in place", why)
+        logger.info("rayguard: GuardConfig(recovery='live'): a lost worker restarts the worker "
+                    "group (%s); NaN/inf still rolls back in place", why)
         return False
     kwargs["torch_config"] = live_config(config or TorchConfig())
     return True

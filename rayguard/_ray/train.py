@@ -90,11 +90,10 @@ logger = logging.getLogger("rayguard")
 __all__ = [
     "ControllerCallback", "DefaultFailurePolicy", "FailureDecision", "FixedScalingPolicy",
     "GuardHooksTrainer", "NoopDecision", "QuietRetryPolicy", "RoundingElasticPolicy",
-    "ScalingPolicy",
-    "WorkerGroupCallback", "controller_env", "create_scaling_policy", "fail_every_worker", "fail_workers",
-    "group_nodes", "marked_failed",
-    "permute_workers", "probe_nodes", "reserved_resources", "resources_per_worker",
-    "set_group_label_selector",
+    "ScalingPolicy", "WorkerGroupCallback", "controller_env", "create_scaling_policy",
+    "fail_every_worker", "fail_workers", "group_nodes", "marked_failed", "permute_workers",
+    "probe_nodes", "replaced_alone", "replacement_met_a_dead_worker", "reserved_resources", "resources_per_worker",
+    "restore_local_ranks", "set_group_label_selector", "set_group_local_ranks",
     "unwrap_worker_error", "worker_slots",
 ]
 
@@ -119,6 +118,26 @@ class QuietRetryPolicy(DefaultFailurePolicy):
         if decision == FailureDecision.RETRY and log_level() > logging.DEBUG:
             return
         super()._log_decision(decision, *args, **kwargs)  # type: ignore[misc]
+
+    def retry_as_worker_failure(self) -> FailureDecision:
+        """Count a failure as a worker group's (``FailureConfig(max_failures)``): RETRY, a
+        whole-group restart, while the budget lasts, else RAISE."""
+        self._worker_group_failures += 1
+        limit = self.failure_config.max_failures
+        if limit != -1 and self._worker_group_failures > limit:
+            return FailureDecision.RAISE
+        return FailureDecision.RETRY
+
+
+def replacement_met_a_dead_worker(error: Any) -> bool:
+    """Whether ``error`` is Ray's controller failing to replace a worker alone because
+    another worker of the group had died too (its replica-group replacement calls every
+    other worker first: ``clear_result_queue``), not yet seen by a poll."""
+    from ray.exceptions import RayActorError
+    from ray.train import ControllerError
+
+    return isinstance(error, ControllerError) and isinstance(
+        getattr(error, "controller_failure", None), RayActorError)
 
 
 # -- the worker list of before_init_train_context -------------------------------------------
@@ -196,6 +215,47 @@ def permute_workers(workers: list[Any], perm: Sequence[int]) -> None:
     for ctx, worker in zip(contexts, reordered, strict=True):
         worker.distributed_context = ctx
     workers[:] = reordered
+
+
+def replaced_alone(workers: Sequence[Any]) -> bool:
+    """Whether ``workers`` (``before_init_train_context``) are a replica group Ray replaces
+    alone, not a whole group's start."""
+    return bool(workers) and len(workers) < workers[0].distributed_context.world_size
+
+
+def set_group_local_ranks(workers: Sequence[Any]) -> dict[int, Any]:
+    """Give every worker of a whole group's start (in world-rank order) the local rank,
+    local world size and node rank it has among all the group's workers, as Ray computes
+    them without replica groups (grouped by node IP); returns each world rank's context.
+    Ray computes them per replica group, so a group of one-worker replica groups (live
+    recovery) would have every rank at local rank 0: every worker on one GPU."""
+    import dataclasses
+
+    nodes = [w.metadata.node_ip for w in workers]
+    sizes: dict[str, int] = {}
+    for node in nodes:
+        sizes[node] = sizes.get(node, 0) + 1
+    order: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    contexts = {}
+    for worker, node in zip(workers, nodes, strict=True):
+        order.setdefault(node, len(order))
+        local = seen.get(node, 0)
+        seen[node] = local + 1
+        worker.distributed_context = dataclasses.replace(
+            worker.distributed_context, local_rank=local, local_world_size=sizes[node],
+            node_rank=order[node])
+        contexts[worker.distributed_context.world_rank] = worker.distributed_context
+    return contexts
+
+
+def restore_local_ranks(workers: Sequence[Any], contexts: dict[int, Any]) -> None:
+    """A replaced worker takes the context its world rank had at the group's start (same
+    placement-group bundle, same node): :func:`set_group_local_ranks`'."""
+    for worker in workers:
+        saved = contexts.get(worker.distributed_context.world_rank)
+        if saved is not None:
+            worker.distributed_context = saved
 
 
 # -- the scaling policy ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ where the plan is a whole-group restart, every worker is marked failed)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from rayguard._ray.core import alive_node_resources
@@ -19,6 +20,7 @@ from rayguard._ray.train import (
     fail_workers,
     group_label_selector,
     group_nodes,
+    marked_failed,
     set_group_label_selector,
     unwrap_worker_error,
 )
@@ -63,6 +65,13 @@ def failure_fields(failure: Failure) -> dict[str, Any]:
 
 
 _UNKNOWN = object()  # a coordinator that did not answer
+
+RAISE_GRACE_S = 1.0
+"""Under live recovery, how long the controller waits, once a poll shows a rank that raised
+(its own exception, not a death), for the other ranks raising with it (a bug every rank
+hits, a checkpoint none can load), so that they are planned for together: a whole-group
+restart, not one rank replaced alone whose peers then fail the live attempt. Kills, deaths
+and hangs are planned at once."""
 
 
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
@@ -130,6 +139,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._failed = set(worker_group_status.errors)
         if self._failed:
             self._sync_attempt()
+        raised = False  # a rank's own exception (not a death): its peers may raise with it
         for rank, error in worker_group_status.errors.items():
             if (self._attempt, rank) in self._reported:
                 continue
@@ -140,6 +150,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             except Exception:
                 marked = None
             failure = classify(unwrap_worker_error(error), marked)
+            raised = raised or (failure.cause == "error" and not marked_failed(error))
             node = self._nodes[rank] if rank < len(self._nodes) else None
             self.coordinator.record.remote(make_event(
                 "worker_died", f"rank {rank} failed: {failure.reason}", rank=rank, node=node,
@@ -148,25 +159,33 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             if node is not None and reason is not None:
                 counted.append(NodeFailure(node, self._attempt, reason, rank, failure.reason))
         if self._failed:
-            self._failed |= self._raised_unseen(worker_group_status)
+            live_partial = self.mode == LIVE and len(self._failed) < self._world
+            self._failed |= self._raised_unseen(
+                worker_group_status, RAISE_GRACE_S if raised and live_partial else 0.0)
         if counted:
             self._count(counted)
         self._plan = self._plan_recovery(worker_group_status) if self._failed else None
 
-    def _raised_unseen(self, worker_group_status: Any) -> set[int]:
+    def _raised_unseen(self, worker_group_status: Any, grace_s: float = 0.0) -> set[int]:
         """Ranks whose function raised in this attempt but whose error this poll does not
         show yet (a bug every rank hits, seen one rank per poll): they fail at this poll
         with the others, so that the recovery is planned for all of them at once (a rank
-        replaced alone while its peer is already going would fail the live attempt)."""
+        replaced alone while its peer is already going would fail the live attempt).
+        ``grace_s``: how long to wait for more of them (:data:`RAISE_GRACE_S`)."""
         import ray
 
-        try:
-            raised = dict(ray.get(self.coordinator.failed_ranks.remote(self._attempt),
-                                  timeout=10))
-        except Exception:
-            return set()
-        unseen = {r for r in raised if r not in self._failed
-                  and r in worker_group_status.worker_statuses}
+        deadline = time.monotonic() + grace_s
+        while True:
+            try:
+                raised = dict(ray.get(self.coordinator.failed_ranks.remote(self._attempt),
+                                      timeout=10))
+            except Exception:
+                return set()
+            unseen = {r for r in raised if r not in self._failed
+                      and r in worker_group_status.worker_statuses}
+            if len(self._failed) + len(unseen) >= self._world or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         if not unseen:
             return set()
         from rayguard.exceptions import PeersLostError
@@ -175,11 +194,13 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             f"rank(s) {sorted(unseen)} raised in attempt {self._attempt}; the error reaches "
             "Ray after this poll"))
         for rank in sorted(unseen):
+            record = raised[rank]
             self._reported.add((self._attempt, rank))
             self.coordinator.record.remote(make_event(
-                "worker_died", f"rank {rank} failed: {raised[rank]}", rank=rank, cause="error",
+                "worker_died", f"rank {rank} failed: {record.summary}", rank=rank,
                 node=self._nodes[rank] if rank < len(self._nodes) else None,
-                attempt=self._attempt))
+                attempt=self._attempt, cause="error", failure="error",
+                error_type=record.error_type, details=record.traceback or record.summary))
         return unseen
 
     def _sync_attempt(self) -> None:

@@ -23,10 +23,12 @@ from rayguard._ray.train import (
     FailureDecision,
     QuietRetryPolicy,
     marked_failed,
+    replacement_met_a_dead_worker,
     unwrap_worker_error,
 )
 from rayguard.events import make_event
 from rayguard.failures import FATAL_ERRORS, classify
+from rayguard.failures.messages import one_line
 
 logger = logging.getLogger("rayguard")
 
@@ -53,6 +55,12 @@ class GuardFailurePolicy(QuietRetryPolicy):
         self.crash_loop_retries = crash_loop_retries
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
+        if replacement_met_a_dead_worker(training_failed_error):
+            # live recovery: two workers died close together; the whole group restarts
+            logger.info("rayguard: a worker replaced alone found another worker of its group "
+                        "dead too (%s): the whole worker group restarts",
+                        one_line(training_failed_error))
+            return self.retry_as_worker_failure()
         if isinstance(training_failed_error, WorkerGroupError):
             failures = {rank: error for rank, error in
                         training_failed_error.worker_failures.items()

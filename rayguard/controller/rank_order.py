@@ -24,7 +24,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from rayguard._ray.train import WorkerGroupCallback, permute_workers, probe_nodes, worker_slots
+from rayguard._ray.train import (
+    WorkerGroupCallback,
+    permute_workers,
+    probe_nodes,
+    replaced_alone,
+    restore_local_ranks,
+    set_group_local_ranks,
+    worker_slots,
+)
 
 logger = logging.getLogger("rayguard")
 
@@ -78,11 +86,18 @@ def _numa_permutation(workers: list[Any]) -> list[int] | None:
 
 class RankOrder(WorkerGroupCallback):
     """Runs in Ray Train's controller, once per worker-group start. ``store``: where the
-    rank-assignment record lives (``None``: no record, every start is a first start)."""
+    rank-assignment record lives (``None``: no record, every start is a first start).
+    ``group_local_ranks``: every worker is its own replica group (live recovery), so the
+    local ranks are set among the whole group, as without replica groups; a worker replaced
+    alone keeps its rank (Ray's) and the assignment record is left as the group's start
+    wrote it."""
 
-    def __init__(self, numa: bool = True, store: Store | None = None) -> None:
+    def __init__(self, numa: bool = True, store: Store | None = None, *,
+                 group_local_ranks: bool = False) -> None:
         self.numa = numa
         self.store = store
+        self.group_local_ranks = group_local_ranks
+        self._contexts: dict[int, Any] = {}
 
     def before_init_train_context(self, workers: list[Any]) -> dict[str, list[Any]]:
         from rayguard.elastic.remap import (
@@ -93,6 +108,10 @@ class RankOrder(WorkerGroupCallback):
             slots_from_workers,
         )
 
+        if replaced_alone(workers):
+            if self.group_local_ranks:
+                restore_local_ranks(workers, self._contexts)
+            return {}
         record = self._read(ASSIGNMENT_KEY)
         previous = record.get("current") if record else None
         if previous is None and self.numa and any(gpus for _, gpus, _ in worker_slots(workers)):
@@ -107,6 +126,8 @@ class RankOrder(WorkerGroupCallback):
                 permute_workers(workers, perm)
                 slots = [slots[i] for i in perm]
                 logger.info("rayguard: world ranks remapped after a restart: %s", perm)
+        if self.group_local_ranks:
+            self._contexts = set_group_local_ranks(workers)
         if self.store is not None:
             try:
                 self.store.put(ASSIGNMENT_KEY, next_record(record, slots))

@@ -24,16 +24,22 @@ def append_events(path: Path, events: Iterable[dict[str, Any]]) -> None:
     """Append ``events`` to the JSONL file ``path`` (created with its directory), one line
     each. Raises OSError; the caller decides whether a failed write matters."""
     text = "".join(json.dumps(json_safe(e), default=str, sort_keys=True) + "\n" for e in events)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # a link planted at the log's name (a shared run directory) is refused, never written
     # through; so is anything that is not a regular file
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
-                 0o644)
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:  # the directory is made on the first write only (a coordinator
+        path.parent.mkdir(parents=True, exist_ok=True)  # appends hundreds a second at scale)
+        fd = os.open(path, flags, 0o644)
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file; not writing events into it")
-        f.write(text)
-        f.flush()
+        data = memoryview(text.encode("utf-8"))
+        while data:  # straight to the descriptor: no buffered text file around one write
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 class EventLog:

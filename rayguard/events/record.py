@@ -29,8 +29,22 @@ def make_event(kind: str, detail: str, *, rank: int | None = None, node: str | N
     return event
 
 
+_PLAIN = frozenset((str, int, bool, type(None)))
+
+
 def json_safe(value: Any) -> Any:
-    """``value`` with non-finite floats as strings (``"nan"``), recursively."""
+    """``value`` with non-finite floats as strings (``"nan"``), recursively. The exact types
+    that make up nearly every event are dispatched first (the coordinator writes hundreds of
+    events a second at scale); any other value, a subclass too, goes the general way."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else str(value)
+    if kind is dict:
+        return {(k if type(k) is str else str(k)): json_safe(v) for k, v in value.items()}
+    if kind is list:
+        return [json_safe(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):

@@ -99,8 +99,8 @@ class RunObserver:
             mono = time.monotonic()
             verdicts = []
             if self.detector.ranks() < JUDGE_ALWAYS_BELOW or mono - self._judged >= JUDGE_EVERY_S:
-                verdicts = self.detector.judge(now)
-                self._scores, self._judged = self.detector.scores(), mono
+                verdicts, self._scores = self.detector.judge_scores(now)
+                self._judged = mono
             scores = self._scores
         if merge and len(batch) > 1:  # one event for the batch: its lowest rank's
             lead_summary = min(batch, key=lambda s: int(s.get("rank", -1)))

@@ -160,3 +160,34 @@ class StepTimer:
         self._reset()
         self._stride = 1
         return summary
+
+
+_SUMMED = ("reports", "intervals", "step_time_sum_s", "blocked_sum_s", "replay_time_s",
+           "replay_steps", "optimizer_steps", "replay_optimizer_steps")
+_MAXED = ("step_time_max_s", "blocked_max_s")
+_FIRST = ("first_step", "first_time", "begin_time")
+
+
+def merge_summaries(earlier: dict[str, Any], later: dict[str, Any], *,
+                    max_samples: int = MAX_SAMPLES) -> dict[str, Any]:
+    """One rank's two consecutive summaries of one attempt as one: what :class:`StepTimer`
+    sends over both intervals at once (counts and times summed, maxima kept, the first step
+    and time of ``earlier``, everything else of ``later``; the samples joined and thinned
+    as the timer thins them). A node's agent merges a rank's summaries of one batch, so that
+    the coordinator reads one per rank per batch, whatever the ranks' interval."""
+    out = {**earlier, **later}
+    for key in _SUMMED:
+        if key in earlier or key in later:
+            out[key] = earlier.get(key, 0) + later.get(key, 0)
+    for key in _MAXED:
+        if key in earlier or key in later:
+            out[key] = max(earlier.get(key, 0.0), later.get(key, 0.0))
+    for key in _FIRST:
+        if earlier.get(key) is not None:
+            out[key] = earlier[key]
+    samples = list(earlier.get("samples") or ()) + list(later.get("samples") or ())
+    while len(samples) >= 2 * max_samples:
+        samples = samples[::2]
+    out["samples"] = samples
+    return out
+

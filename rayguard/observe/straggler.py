@@ -33,6 +33,24 @@ class _Rank:
     node: str | None = None
     gpu_ids: tuple[str, ...] = ()
     flagged: bool = False
+    intervals: int = 0
+    """The window's intervals, kept as entries come and go (a mean is O(1), not O(window))."""
+    step_time_s: float = 0.0
+    """The window's step time, kept likewise (re-summed whenever the window empties)."""
+
+    def push(self, time: float, intervals: int, step_time_sum_s: float) -> None:
+        self.window.append((time, intervals, step_time_sum_s))
+        self.intervals += intervals
+        self.step_time_s += step_time_sum_s
+
+    def prune(self, before: float) -> None:
+        window = self.window
+        while window and window[0][0] < before:
+            _, intervals, step_time = window.popleft()
+            self.intervals -= intervals
+            self.step_time_s -= step_time
+        if not window:
+            self.intervals, self.step_time_s = 0, 0.0
 
 
 class StragglerDetector:
@@ -54,33 +72,34 @@ class StragglerDetector:
         state = self._ranks.setdefault(rank, _Rank(first_seen=start))
         state.node, state.gpu_ids = node, tuple(gpu_ids)
         if intervals > 0:
-            state.window.append((time, intervals, step_time_sum_s))
+            state.push(time, intervals, step_time_sum_s)
         return self.judge(time) if judge else []
 
     def judge(self, now: float) -> list[StragglerVerdict]:
         """Drop what left the window and return the ranks that just became stragglers."""
+        return self.judge_scores(now)[0]
+
+    def judge_scores(self, now: float) -> tuple[list[StragglerVerdict], dict[int, float]]:
+        """:meth:`judge` and :meth:`scores` of one pass: the means and medians computed once
+        (the coordinator's judgement every second at scale)."""
         self._prune(now)
-        return self._judge(now)
+        means = self.means()
+        medians = peer_medians(means)
+        return self._judge(now, means, medians), _scores(means, medians)
 
     def _prune(self, now: float) -> None:
+        before = now - self.window_s
         for state in self._ranks.values():
-            while state.window and state.window[0][0] < now - self.window_s:
-                state.window.popleft()
+            state.prune(before)
 
     def means(self) -> dict[int, float]:
-        out = {}
-        for rank, state in self._ranks.items():
-            n = sum(w[1] for w in state.window)
-            if n:
-                out[rank] = sum(w[2] for w in state.window) / n
-        return out
+        return {rank: state.step_time_s / state.intervals
+                for rank, state in self._ranks.items() if state.intervals}
 
     def scores(self) -> dict[int, float]:
         """Every rank's current straggler score (ranks with no peers: none)."""
         means = self.means()
-        medians = peer_medians(means)
-        return {rank: (means[rank] / median if median > 0 else 1.0)
-                for rank, median in medians.items()}
+        return _scores(means, peer_medians(means))
 
     def ranks(self) -> int:
         """How many ranks this attempt's window holds."""
@@ -94,11 +113,10 @@ class StragglerDetector:
         return {rank: (scores.get(rank), state.flagged, state.node)
                 for rank, state in self._ranks.items()}
 
-    def _judge(self, now: float) -> list[StragglerVerdict]:
+    def _judge(self, now: float, means: dict[int, float], medians: dict[int, float]
+               ) -> list[StragglerVerdict]:
         if self.threshold is None:
             return []
-        means = self.means()
-        medians = peer_medians(means)
         verdicts = []
         for rank, peers in medians.items():
             score = means[rank] / peers if peers > 0 else 1.0
@@ -110,6 +128,11 @@ class StragglerDetector:
             verdicts.append(StragglerVerdict(rank, score, means[rank], peers, self.window_s,
                                              state.node, state.gpu_ids))
         return verdicts
+
+
+def _scores(means: dict[int, float], medians: dict[int, float]) -> dict[int, float]:
+    return {rank: (means[rank] / median if median > 0 else 1.0)
+            for rank, median in medians.items()}
 
 
 def peer_medians(means: dict[int, float]) -> dict[int, float]:

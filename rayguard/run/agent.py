@@ -10,7 +10,10 @@ per node (:class:`NodeAggregator`):
   answer into the object store once and every node fetches it once;
 * a **fact** a rank waits for (a hang diagnosis opening, a live-recovery notice): one long
   poll per node, its answer handed to every local rank that waits;
-* **step summaries**: sent in one call per node every ``summary_every_s``;
+* **step summaries**: sent in one call per node every ``summary_every_s``, a rank's
+  summaries of one batch merged into one (:func:`rayguard.observe.steps.merge_summaries`),
+  through the node's relay: one call per 32 nodes reaches the coordinator
+  (:mod:`rayguard.run.relay`);
 * **hang-diagnosis answers**: the node's ranks' answers in one call (batched as a gather).
 
 What the coordinator receives then grows with nodes, not ranks. Everything else a rank
@@ -32,7 +35,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rayguard.run.waits import MAX_WAITERS, bounded
+from rayguard.observe.steps import merge_summaries
+from rayguard.run.relay import RelayingUpstream, RelaySender, SummaryRelay
+from rayguard.run.waits import MAX_WAITERS, ErrorsOnly, bounded
 
 logger = logging.getLogger("rayguard")
 
@@ -67,7 +72,8 @@ class Upstream(Protocol):
 
 class RayUpstream:
     """The coordinator actor as an :class:`Upstream`: a gather's answer comes as an object
-    reference (put once by the coordinator for every node), fetched here once."""
+    reference (put once by the coordinator for every node), fetched here once, or, when the
+    node gets the errors only, by value (:class:`~rayguard.run.waits.ErrorsOnly`)."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
@@ -76,7 +82,9 @@ class RayUpstream:
                           timeout_s: float, keep: bool, root: int | None) -> list[Any] | None:
         out = await self.actor.gather_many.remote(tag, world_size, values, timeout_s, keep, True,
                                                   root)
-        return None if out is None else await out[0]
+        if out is None or isinstance(out, ErrorsOnly):
+            return None if out is None else out.values()
+        return await out[0]
 
     async def wait_fact(self, key: str, timeout_s: float) -> Any:
         return await self.actor.wait_fact.remote(key, timeout_s)
@@ -117,6 +125,7 @@ class NodeAggregator:
         self._batches: dict[str, _Batch] = {}
         self._facts: dict[str, asyncio.Future[Any]] = {}
         self._summaries: list[dict[str, Any]] = []
+        self._summary_of: dict[tuple[Any, Any], int] = {}  # (rank, attempt) -> its place
         self._summary_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sent = 0
@@ -192,8 +201,16 @@ class NodeAggregator:
 
     # -- step summaries --------------------------------------------------------------------
     def summary(self, summary: dict[str, Any]) -> None:
-        """A rank's step summary, sent with the node's others within ``summary_every_s``."""
-        self._summaries.append(summary)
+        """A rank's step summary, sent with the node's others within ``summary_every_s``
+        (merged into the rank's summary of the same attempt already waiting: the
+        coordinator's work per batch is per rank, not per summary)."""
+        key = (summary.get("rank"), summary.get("attempt"))
+        at = self._summary_of.get(key)
+        if at is None or key[0] is None:
+            self._summary_of[key] = len(self._summaries)
+            self._summaries.append(summary)
+        else:
+            self._summaries[at] = merge_summaries(self._summaries[at], summary)
         if self._summary_timer is None:
             self._summary_timer = asyncio.get_running_loop().call_later(
                 self.summary_every_s, self.flush_summaries)
@@ -201,6 +218,7 @@ class NodeAggregator:
     def flush_summaries(self) -> None:
         self._summary_timer = None
         batch, self._summaries = self._summaries, []
+        self._summary_of = {}
         if batch:
             self.sent += 1
             try:
@@ -216,18 +234,37 @@ class NodeAggregator:
 
 
 class NodeAgent:
-    """The actor body (asyncio): a :class:`NodeAggregator` over the run's coordinator."""
+    """The actor body (asyncio): a :class:`NodeAggregator` over the run's coordinator.
+    ``relay``: the agent that relays this node's step summaries (``None``: this one relays
+    its group's, :mod:`rayguard.run.relay`)."""
 
-    def __init__(self, coordinator: Any, node: str) -> None:
+    def __init__(self, coordinator: Any, node: str, relay: Any = None) -> None:
         self._coordinator = coordinator
         self._node = node
+        self._relay = relay
         self._aggregator: NodeAggregator | None = None
+        self._lead: SummaryRelay | None = None
 
     @property
     def _agg(self) -> NodeAggregator:
         if self._aggregator is None:  # made on the event loop (its timers need it)
-            self._aggregator = NodeAggregator(RayUpstream(self._coordinator), self._node)
+            direct = RayUpstream(self._coordinator)
+            if self._relay is None:
+                self._lead = SummaryRelay(self._coordinator.step_summaries_nodes.remote,
+                                          every_s=SUMMARY_EVERY_S)
+                upstream = RelayingUpstream(direct, self._lead.add)
+            else:
+                sender = RelaySender(self._relay.relay_summaries.remote, direct.summaries)
+                upstream = RelayingUpstream(direct, sender.send)
+            self._aggregator = NodeAggregator(upstream, self._node)
         return self._aggregator
+
+    async def relay_summaries(self, batch: list[dict[str, Any]]) -> None:
+        """Another node's batch of step summaries, sent on with this group's."""
+        if self._agg is not None and self._lead is not None:
+            self._lead.add(batch)
+        else:  # not a relay (a caller's mistake): straight on
+            self._coordinator.step_summaries.remote(batch)
 
     async def gather(self, tag: str, rank: int, world_size: int, value: Any,
                      timeout_s: float = 1800.0, keep: bool = False, local: int = 0,
@@ -259,9 +296,11 @@ def agent_name(coordinator_id: str, node: str) -> str:
     return f"rayguard-agent:{coordinator_id}:{node}"
 
 
-def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool = True) -> Any:
+def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool = True,
+                relay: Any = None) -> Any:
     """``node``'s agent (called in the coordinator, which thereby owns it); ``pin``: on that
-    node (a real node id), else anywhere (a benchmark's simulated node)."""
+    node (a real node id), else anywhere (a benchmark's simulated node); ``relay``: the
+    agent that relays its step summaries (``None``: it relays its group's)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -269,7 +308,7 @@ def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool =
                                "name": agent_name(coordinator_id, node)}
     if pin:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-    return ray.remote(NodeAgent).options(**options).remote(coordinator, node)
+    return ray.remote(NodeAgent).options(**options).remote(coordinator, node, relay)
 
 
 def wants_agents(world_size: int, setting: str | None) -> bool:

@@ -31,6 +31,7 @@ from rayguard.run.diagnosis import Diagnoses, open_key, place_key
 from rayguard.run.facts import CAUSE, KILLED, cause_key, loaded_key, rank_fact
 from rayguard.run.fence import NodeFence
 from rayguard.run.memory_host import MemoryHost
+from rayguard.run.relay import relay_of
 from rayguard.run.waits import MAX_WAITERS, Answers, FactBoard, GatherBoard, bounded
 
 
@@ -141,11 +142,11 @@ class RunCoordinator(MemoryHost):
                                traceback=traceback[-20000:])
         self._failures.setdefault(attempt, []).append(record)
 
-    def failed_ranks(self, attempt: int) -> dict[int, str]:
-        """``{rank: summary}`` of the ranks whose training function raised in ``attempt``
+    def failed_ranks(self, attempt: int) -> dict[int, FailureRecord]:
+        """The failure records of the ranks whose training function raised in ``attempt``
         (each records its failure before its error leaves the worker, so a poll of Ray's may
         not show it yet)."""
-        return {record.rank: record.summary for record in self._failures.get(attempt, ())}
+        return {record.rank: record for record in self._failures.get(attempt, ())}
 
     def crash_loop(self, failed_ranks: int, retries: int) -> FailureRecord | None:
         """The record proving that the current attempt repeats a failure, or None."""
@@ -319,7 +320,7 @@ class RunCoordinator(MemoryHost):
         """:meth:`gather` for several ranks at once (a node's agent: one call per node): the
         whole answer when ``root`` is None or one of ``values``, else the errors only.
         ``by_ref``: the answer as ``[reference]``, put into the object store once for every
-        node that asks, so that it is serialized once, not once per node."""
+        node that asks (errors only: :class:`~rayguard.run.waits.ErrorsOnly`, by value)."""
         result = await bounded(self._gathers.join(tag, world_size, values, keep=keep), timeout_s)
         if result is None:
             return None
@@ -336,8 +337,11 @@ class RunCoordinator(MemoryHost):
         agent = self._agents.get(node)
         if agent is None:
             context = ray.get_runtime_context()
+            lead = relay_of(len(self._agents))  # the agents in start order, in groups
+            relay = None if lead is None else list(self._agents.values())[lead]
             agent = self._agents[node] = start_agent(context.current_actor,
-                                                     context.get_actor_id(), node, pin=pin)
+                                                     context.get_actor_id(), node, pin=pin,
+                                                     relay=relay)
         return agent
 
     def step_summaries(self, batch: list[dict[str, Any]]) -> None:
@@ -355,6 +359,12 @@ class RunCoordinator(MemoryHost):
             now = float(last.get("time") or time.time())
             for event in self._fence.on_scores(int(last.get("attempt") or 0), now, ranks):
                 self.record(event)
+
+    def step_summaries_nodes(self, batches: list[list[dict[str, Any]]]) -> None:
+        """Several nodes' batches of summaries in one call (a relay's group,
+        :mod:`rayguard.run.relay`): each judged and logged as its node's own call was."""
+        for batch in batches:
+            self.step_summaries(batch)
 
     def gather_calls(self) -> int:
         """How many ranks' contributions arrived: a metrics-only report makes none

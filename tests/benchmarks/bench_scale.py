@@ -2,7 +2,9 @@
 Ray cluster, and N simulated ranks, 8 a node, each node with its real ``NodeAggregator``
 (rayguard.run.agent) talking to the coordinator over Ray. The ranks are coroutines in a few
 host actors (no torch); a node's ranks call its aggregator in their own process, as a real
-rank calls the agent on its own node.
+rank calls the agent on its own node. A host's nodes are grouped as the coordinator groups
+real agents (rayguard.run.relay): the first of each 32 relays the group's step summaries,
+in process here (a real node's batch is a call to its relay agent, on the nodes' CPUs).
 
     .venv/bin/python tests/benchmarks/bench_scale.py --ranks 8,64,1024,1100,16384 --json
 
@@ -57,10 +59,14 @@ class Host:
         self.run_dir = run_dir
         self.aggs: dict[int, Any] = {}
         self.fetched: dict[Any, Any] = {}
+        self.relays: dict[int, Any] = {}
+        self.relayed = 0
         self.stop = False
 
     def _agg(self, node: int) -> Any:
-        from rayguard.run.agent import NodeAggregator, RayUpstream
+        from rayguard.run.agent import SUMMARY_EVERY_S, NodeAggregator, RayUpstream
+        from rayguard.run.relay import RelayingUpstream, SummaryRelay, relay_of
+        from rayguard.run.waits import ErrorsOnly
 
         host = self
 
@@ -68,16 +74,31 @@ class Host:
             async def gather_many(self, tag, world_size, values, timeout_s, keep, root):
                 out = await self.actor.gather_many.remote(tag, world_size, values, timeout_s,
                                                           keep, True, root)
-                if out is None:
-                    return None
+                if out is None or isinstance(out, ErrorsOnly):
+                    return None if out is None else out.values()
                 ref = out[0]
                 if ref not in host.fetched:
                     host.fetched[ref] = asyncio.ensure_future(_fetch(ref))
                 return await host.fetched[ref]
 
         if node not in self.aggs:
-            self.aggs[node] = NodeAggregator(SharedFetch(self.coordinator), f"sim-{node}")
+            upstream = SharedFetch(self.coordinator)
+            lead = relay_of(self.nodes.index(node))
+            if lead is None:  # this node relays its group's summaries (rayguard.run.relay)
+                relay = self.relays[node] = SummaryRelay(
+                    self.coordinator.step_summaries_nodes.remote, every_s=SUMMARY_EVERY_S)
+                send = relay.add
+            else:  # a real relay is a call between two agents; here one host holds both
+                self._agg(self.nodes[lead])
+                send = self._relayed(self.relays[self.nodes[lead]])
+            self.aggs[node] = NodeAggregator(RelayingUpstream(upstream, send), f"sim-{node}")
         return self.aggs[node]
+
+    def _relayed(self, relay: Any) -> Any:
+        def send(batch: list[dict[str, Any]]) -> None:
+            self.relayed += 1  # a call to the relay, not to the coordinator
+            relay.add(batch)
+        return send
 
     def ranks(self) -> list[int]:
         return [r for n in self.nodes for r in range(n * RANKS_PER_NODE,
@@ -88,7 +109,10 @@ class Host:
         return min((node + 1) * RANKS_PER_NODE, self.world) - node * RANKS_PER_NODE
 
     def sent(self) -> int:
-        return sum(a.sent for a in self.aggs.values())
+        """Calls to the coordinator: the aggregators' and relays', less the node batches
+        of summaries an aggregator gave its group's relay."""
+        return (sum(a.sent for a in self.aggs.values()) - self.relayed
+                + sum(r.sent for r in self.relays.values()))
 
     def cpu(self) -> float:
         t = os.times()
@@ -206,6 +230,8 @@ class Host:
         await asyncio.gather(*(rank(r) for r in self.ranks()), *(watch(n) for n in self.nodes))
         for agg in self.aggs.values():
             agg.flush_summaries()
+        for relay in self.relays.values():
+            relay.flush()
         return direct
 
 
@@ -213,11 +239,43 @@ async def _fetch(ref: Any) -> Any:
     return await ref
 
 
+def _on_loop(fn: Any) -> Any:
+    """Run ``fn`` on the coordinator's event-loop thread, where its methods run (a closure
+    of ``__ray_call__`` runs on another thread) and wait for its result."""
+    import asyncio
+    import concurrent.futures
+    import gc
+
+    loop = next(o for o in gc.get_objects()
+                if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    loop.call_soon_threadsafe(lambda: done.set_result(fn()))
+    return done.result(timeout=60)
+
+
+def _profile_start(actor: Any) -> None:
+    """cProfile on the coordinator's event-loop thread (``--profile``): where its own Python
+    time goes, apart from Ray's transport (the rest of its process's CPU)."""
+    import cProfile
+
+    actor._bench_profile = cProfile.Profile()
+    _on_loop(actor._bench_profile.enable)
+
+
+def _profile_stop(actor: Any, path: str) -> float:
+    import pstats
+
+    _on_loop(actor._bench_profile.disable)
+    actor._bench_profile.dump_stats(path)
+    return pstats.Stats(path).total_tt
+
+
 def _span(spans: list[tuple[float, float]]) -> float:
     return round(max(e for _, e in spans) - min(s for s, _ in spans), 3)
 
 
-def run_one(ranks: int, hosts_n: int, window_s: float) -> dict[str, Any]:
+def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = None
+            ) -> dict[str, Any]:
     import psutil
     import ray
 
@@ -239,16 +297,45 @@ def run_one(ranks: int, hosts_n: int, window_s: float) -> dict[str, Any]:
     proc = psutil.Process(coord_pid)
     phase_cpu: dict[str, float] = {}
 
+    profiled: dict[str, float] = {}
+
+    def start(name: str) -> None:
+        if profile:
+            ray.get(coordinator.__ray_call__.remote(_profile_start))
+
+    def stop(name: str) -> None:
+        if profile:
+            path = os.path.join(profile, f"coordinator-{ranks}-{name}.prof")
+            profiled[name] = round(ray.get(coordinator.__ray_call__.remote(_profile_stop, path)), 2)
+
+    host_phase_cpu: dict[str, float] = {}
+
     def timed(name: str, refs: list[Any]) -> list[Any]:
         before = sum(proc.cpu_times()[:2])
         result = ray.get(refs)
         phase_cpu[name] = round(sum(proc.cpu_times()[:2]) - before, 2)
         return result
 
+    def hosts_cpu() -> float:
+        return sum(ray.get([h.cpu.remote() for h in hosts]))
+
+    start("setup")
+    h0 = hosts_cpu()
     out["setup_gather_s"] = _span(timed("setup", [h.setup.remote(0) for h in hosts]))
+    host_phase_cpu["setup"] = round(hosts_cpu() - h0, 2)
+    stop("setup")
+    start("commit")
+    h0 = hosts_cpu()
     out["commit_gather_s"] = _span(timed("commit", [h.commit.remote() for h in hosts]))
+    host_phase_cpu["commit"] = round(hosts_cpu() - h0, 2)
+    stop("commit")
+    start("diagnosis")
+    h0 = hosts_cpu()
     out["diagnosis_s"] = _span(timed("diagnosis", [h.diagnose.remote(i == 0)
                                                    for i, h in enumerate(hosts)]))
+    host_phase_cpu["diagnosis"] = round(hosts_cpu() - h0, 2)
+    stop("diagnosis")
+    start("rendezvous")
     victim = ranks - 1
     spans = [h.rendezvous.remote(victim) for h in hosts]
     time.sleep(0.2)  # every survivor waits for the notice
@@ -256,19 +343,27 @@ def run_one(ranks: int, hosts_n: int, window_s: float) -> dict[str, Any]:
     ray.get(coordinator.open_attempt.remote("live", 0, [victim],
                                                "bench: one rank replaced"))
     out["rendezvous_s"] = round(max(e for _, e in ray.get(spans)) - opened, 3)
+    stop("rendezvous")
+    start("steady")
     sent0 = sum(ray.get([h.sent.remote() for h in hosts]))
     host_cpu0 = sum(ray.get([h.cpu.remote() for h in hosts]))
     cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
     direct = sum(ray.get([h.report_for.remote(window_s) for h in hosts]))
     elapsed = time.monotonic() - t0
     cpu = sum(proc.cpu_times()[:2]) - cpu0
+    stop("steady")
     sent = sum(ray.get([h.sent.remote() for h in hosts])) - sent0
     host_cpu = sum(ray.get([h.cpu.remote() for h in hosts])) - host_cpu0
     out["coordinator_cpu_frac"] = round(cpu / elapsed, 3)
     out["calls_per_s"] = round((sent + direct) / elapsed, 1)
     print(f"# {ranks} ranks: hosts_cpu_frac {host_cpu / elapsed:.3f} (aggregators and "
           f"simulated ranks, {hosts_n} processes); the coordinator's CPU seconds in each "
-          f"phase: {json.dumps(phase_cpu)}", file=sys.stderr, flush=True)
+          f"phase: {json.dumps(phase_cpu)}; the hosts' (simulated ranks and their "
+          f"aggregators): {json.dumps(host_phase_cpu)}", file=sys.stderr, flush=True)
+    if profile:
+        print(f"# {ranks} ranks: the coordinator's event-loop thread under cProfile, seconds "
+              f"per phase (with the profiler's own cost; files in {profile}): "
+              f"{json.dumps(profiled)}", file=sys.stderr, flush=True)
     for h in hosts:
         ray.kill(h)
     ray.get(coordinator.close.remote())
@@ -282,6 +377,8 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4, help="host processes of the ranks")
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--json", action="store_true", help="JSON lines only on stdout")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="cProfile the coordinator's event loop in each phase into DIR")
     args = parser.parse_args()
     import ray
 
@@ -289,7 +386,7 @@ def main() -> None:
              configure_logging=False)
     rows = []
     for n in [int(x) for x in args.ranks.split(",")]:
-        row = run_one(n, args.hosts, args.window_s)
+        row = run_one(n, args.hosts, args.window_s, args.profile)
         rows.append(row)
         print(json.dumps(row) if args.json else
               "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)

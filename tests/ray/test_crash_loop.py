@@ -37,7 +37,10 @@ def transient_loop(config):
 
 
 def _attempts(events):
-    return sorted({e["attempt"] for e in events if e["kind"] == "attempt_started"})
+    """The attempts that ran: started, or ended by a worker's failure (rank 0 records the
+    start; a rank 1 that fails first can end the run before it does)."""
+    return sorted({e["attempt"] for e in events
+                   if e["kind"] in ("attempt_started", "worker_died")})
 
 
 def _fit_error(tmp_path, fn, name, num_workers=1, **guard):

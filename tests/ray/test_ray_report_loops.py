@@ -210,8 +210,9 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(ray_local, 
     assert _final(marker) == [expected_weights()] * 2
 
 
-def test_a_nan_reported_through_ray_train_report_rolls_back(ray_local, tmp_path):
-    trainer, marker = _run(tmp_path, "nan", nan_at=6)
+def test_a_nan_reported_through_ray_train_report_restarts_the_group(ray_local, tmp_path):
+    # the restart path (recovery="restart"); the default, in place, is tested below
+    trainer, marker = _run(tmp_path, "nan", rayguard.GuardConfig(recovery="restart"), nan_at=6)
     result = trainer.fit()
     assert result.error is None
     kinds = _kinds(trainer.run_dir)

@@ -81,7 +81,7 @@ def test_kill_rank1_resumes_exactly(clean, tmp_path, mode):
     # the checkpoint before the kill; in async mode step 4's may still have been persisting
     assert restored[0]["step"] == 4 if mode == "sync" else restored[0]["step"] in (3, 4)
     died = [e for e in events if e["kind"] == "worker_died" and e["rank"] == 1]
-    assert died[0]["cause"] == "injected kill" and "RAYGUARD_FAULTS" in died[0]["detail"]
+    assert died[0]["cause"] == "injected kill" and "GuardConfig(faults=...)" in died[0]["detail"]
     assert "\n" not in died[0]["detail"]
     assert kinds[-1] == "finished"
 

@@ -18,11 +18,16 @@ class DictStore(dict):
 class Meta:
     node_id: str
     gpu_ids: list = field(default_factory=list)
+    node_ip: str = "10.0.0.1"
 
 
 @dataclass
-class Ctx:
+class Ctx:  # Ray's DistributedContext
     world_rank: int
+    world_size: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
 
 
 @dataclass
@@ -33,7 +38,7 @@ class FakeWorker:
 
 
 def _group(nodes):
-    return [FakeWorker(Meta(n), Ctx(r)) for r, n in enumerate(nodes)]
+    return [FakeWorker(Meta(n), Ctx(r, len(nodes))) for r, n in enumerate(nodes)]
 
 
 def _ranks(workers):
@@ -98,3 +103,34 @@ def test_a_failing_store_keeps_rays_order():
     workers = _group(["b", "a"])
     RankOrder(numa=False, store=Broken()).before_init_train_context(workers)
     assert [w.metadata.node_id for w in workers] == ["b", "a"]
+
+
+def _local(workers):
+    return [(w.distributed_context.local_rank, w.distributed_context.local_world_size,
+             w.distributed_context.node_rank) for w in workers]
+
+
+def test_live_recovery_gets_local_ranks_of_the_whole_group_and_keeps_them_on_a_replacement():
+    # Ray computes local ranks per replica group: under live recovery every worker is its
+    # own, so all four were local rank 0 of 1 (every worker on one GPU of its node)
+    store = DictStore()
+    hook = RankOrder(numa=False, store=store, group_local_ranks=True)
+    workers = [FakeWorker(Meta(f"n{r}", node_ip=ip), Ctx(r, 4))
+               for r, ip in enumerate(["ip-a", "ip-a", "ip-b", "ip-b"])]
+    hook.before_init_train_context(workers)
+    assert _local(workers) == [(0, 2, 0), (1, 2, 0), (0, 2, 1), (1, 2, 1)]
+    record = dict(store[ASSIGNMENT_KEY])
+    # rank 3 replaced alone: Ray gives it its world rank and a one-worker local world
+    replacement = [FakeWorker(Meta("n3", node_ip="ip-b"), Ctx(3, 4))]
+    hook.before_init_train_context(replacement)
+    assert _local(replacement) == [(1, 2, 1)]
+    assert replacement[0].distributed_context.world_rank == 3
+    assert store[ASSIGNMENT_KEY] == record  # the group's assignment is not a replacement's
+
+
+def test_without_live_recovery_rays_local_ranks_stay():
+    hook = RankOrder(numa=False, store=DictStore())
+    workers = [FakeWorker(Meta(f"n{r}"), Ctx(r, 2, local_rank=r, local_world_size=2))
+               for r in range(2)]
+    hook.before_init_train_context(workers)
+    assert _local(workers) == [(0, 2, 0), (1, 2, 0)]

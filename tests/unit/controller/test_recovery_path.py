@@ -175,7 +175,8 @@ def test_a_bug_every_rank_hits_seen_one_rank_per_poll_restarts_the_group(
     assert "path" not in restart and "every rank failed" in restart["fallback"]
     died = [e for e in events() if e["kind"] == "worker_died"]
     assert sorted(e["rank"] for e in died) == list(range(WORLD))
-    assert all("my bug" in e["detail"] for e in died)
+    assert all("my bug" in e["detail"] and "my bug" in e["details"] for e in died)
+    assert all(e["cause"] == "error" and e["error_type"].endswith("ValueError") for e in died)
 
 
 def test_ranks_that_raised_before_the_poll_saw_them_are_replaced_with_the_others(
@@ -189,3 +190,49 @@ def test_ranks_that_raised_before_the_poll_saw_them_are_replaced_with_the_others
     live.before_controller_execute_failure_decision(FailureDecision.RETRY)
     (restart,) = restarts(events)
     assert restart["path"] == "live" and restart["ranks"] == [3, 9]
+
+
+def test_under_live_recovery_a_raise_waits_a_moment_for_its_peers(
+        live, coordinator, events, monkeypatch) -> None:
+    # a checkpoint no rank can load: rank 1's raise is polled first, rank 7's record comes
+    # while the controller waits (RAISE_GRACE_S), and both are planned for together
+    import rayguard.controller.callbacks as callbacks
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 2:
+            raised(coordinator, 7)
+
+    monkeypatch.setattr(callbacks.time, "sleep", sleep)
+    raised(coordinator, 1)
+    status = poll({1: ValueError("unknown checkpoint format")})
+    live.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == [1, 7] and slept
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert restarts(events)[-1]["ranks"] == [1, 7]
+
+
+def test_a_death_is_planned_at_once(live, coordinator, monkeypatch) -> None:
+    import rayguard.controller.callbacks as callbacks
+
+    monkeypatch.setattr(callbacks.time, "sleep", lambda s: pytest.fail("waited on a death"))
+    status = poll({4: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == [4]
+
+
+def test_a_replacement_that_finds_a_second_worker_dead_restarts_the_group(coordinator) -> None:
+    # measured on a node whose workers were all killed: rank 1's death was polled first, and
+    # Ray's replacement of rank 1 alone met rank 0 dead too (ControllerError: RayActorError),
+    # which Ray's own policy does not retry: the run ended
+    from ray.train import ControllerError
+
+    policy = GuardFailurePolicy(FailureConfig(max_failures=2), coordinator)
+    error = ControllerError(ActorDiedError())
+    assert [policy.make_decision(error) for _ in range(3)] == [
+        FailureDecision.RETRY, FailureDecision.RETRY, FailureDecision.RAISE]  # the budget
+    other = ControllerError(RuntimeError("a bug in a callback"))
+    assert GuardFailurePolicy(FailureConfig(max_failures=2), coordinator).make_decision(
+        other) == FailureDecision.RAISE

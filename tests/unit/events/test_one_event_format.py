@@ -66,3 +66,17 @@ def test_rayguard_events_prints_a_sweep_log(tmp_path, capsys):
     assert main(["events", str(tmp_path), "--json"]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     assert printed[-1]["trial_id"] == "t9" and printed[-1]["restarts"] == 0
+
+
+def test_the_log_makes_its_directory_on_the_first_write_and_again_when_it_is_removed(tmp_path):
+    import shutil
+
+    from rayguard.events import EventLog, make_event
+
+    path = tmp_path / "a" / "b" / "rayguard_events.jsonl"
+    log = EventLog(path)
+    log.append(make_event("start", "fit() started"))
+    log.append(make_event("steps", "rank 0: steps 1..10"))
+    shutil.rmtree(tmp_path / "a")  # a cleaner took the run directory while the run goes on
+    log.append(make_event("restart", "attempt 1"))
+    assert [json.loads(line)["kind"] for line in path.read_text().splitlines()] == ["restart"]

@@ -8,6 +8,8 @@ import asyncio
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rayguard.run.coordinator import RunCoordinator
 from rayguard.run.waits import FactBoard, GatherBoard
@@ -135,3 +137,19 @@ def test_a_long_poll_returns_none_after_its_hold_and_leaves_nothing_behind(tmp_p
         assert len(c._facts._waiters.get("never", [])) <= 1
 
     asyncio.run(run())
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(), st.text(max_size=3),
+                          st.builds(ValueError, st.text(max_size=3))), max_size=40))
+def test_an_errors_only_answer_by_value_is_what_errors_only_gives(values):
+    """A node that is not a gather's root gets its errors by value (ErrorsOnly), made once
+    for every node that asks, not a reference to a list of N Nones each."""
+    from rayguard.run.waits import Answers, ErrorsOnly, errors_only
+
+    answers = Answers()
+    sent = answers.answer(values, full=False, by_ref=True)
+    assert isinstance(sent, ErrorsOnly) and answers.answer(values, full=False, by_ref=True) is sent
+    got = sent.values()
+    assert [type(v) for v in got] == [type(v) for v in errors_only(values)]
+    assert [str(v) for v in got] == [str(v) for v in errors_only(values)]
+    assert len(sent.errors) == sum(isinstance(v, BaseException) for v in values)

@@ -178,3 +178,37 @@ def test_a_nodes_summaries_make_one_steps_event_that_names_its_ranks(tmp_path):
     assert len(steps) == 1 and steps[0]["rank"] == 8 and steps[0]["last_step"] == 13
     assert steps[0]["ranks"] == [8, 9, 10] and steps[0]["ranks_last_step"] == 15
     assert c.high_step() == 15
+
+
+def test_a_ranks_summaries_of_one_batch_reach_the_coordinator_as_one(tmp_path):
+    """Two summaries of each of a node's ranks within one interval go as one per rank (and
+    attempt): the coordinator's steps event covers the lead rank's whole batch, where it
+    logged only its first summary and named the rank twice."""
+    import json
+
+    c = coordinator(tmp_path)
+    c.open_attempt("restart")
+
+    def summary(rank: int, attempt: int, steps: range) -> dict:  # a StepTimer's, 5 reports
+        return {"reports": len(steps), "intervals": len(steps), "step_time_sum_s": 0.5,
+                "step_time_max_s": 0.1, "blocked_sum_s": 0.0, "blocked_max_s": 0.0,
+                "first_step": steps[0], "last_step": steps[-1], "first_time": float(steps[0]),
+                "last_time": float(steps[-1]), "metric": "loss", "samples": [[steps[0], 1.0]],
+                "rank": rank, "attempt": attempt, "node": "n0", "time": float(steps[-1])}
+
+    async def run() -> Direct:
+        up = Direct(c)
+        agg = NodeAggregator(up, "n0", summary_every_s=0.02)
+        for first in (1, 6):
+            for rank in (0, 1):
+                agg.summary(summary(rank, 1, range(first, first + 5)))
+        agg.summary(summary(1, 2, range(1, 3)))  # rank 1's next attempt: its own summary
+        await asyncio.sleep(0.1)
+        return up
+
+    assert asyncio.run(run()).calls == [("summaries", 3)]
+    lines = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    steps = [e for e in lines if e["kind"] == "steps"]
+    assert [(e["rank"], e["first_step"], e["last_step"], e["reports"]) for e in steps] == [
+        (0, 1, 10, 10)]
+    assert steps[0]["ranks"] == [0, 1, 1] and steps[0]["ranks_last_step"] == 10
