@@ -161,7 +161,8 @@ def faults(ray_local_module, tmp_path_factory):
     log, run_dir = str(tmp / "steps.jsonl"), str(tmp / "faults")
     killer = KillAt(1, {2: False, 4: True}, str(tmp), run_dir)
     module = functools.partial(NanOnce, str(tmp / "nan-fired"), NAN_AT)
-    result, _ = _fit(tmp, "faults", callbacks=[Recorder(log), killer], module_fn=module)
+    result, _ = _fit(tmp, "faults", callbacks=[Recorder(log), killer], module_fn=module,
+                     guard=rayguard.GuardConfig(recovery="live"))
     return common.FaultsRun(result, run_dir, log, str(tmp))
 
 

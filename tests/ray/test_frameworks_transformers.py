@@ -193,7 +193,8 @@ def faults(ray_local_module, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hf-faults")
     log, run_dir = str(tmp / "steps.jsonl"), str(tmp / "faults")
     killer = KillAt(1, {10: False, 18: True}, str(tmp), run_dir)
-    guard = rayguard.GuardConfig(health=rayguard.HealthConfig(watch_metrics=WATCH))
+    guard = rayguard.GuardConfig(recovery="live",
+                                 health=rayguard.HealthConfig(watch_metrics=WATCH))
     result, _ = _fit(tmp, "faults", guard=guard,
                      callbacks=[Recorder(log), killer, NanAtStep(19)],
                      model_fn=functools.partial(nan_gpt2, str(tmp / "nan-fired"), None))
