@@ -35,6 +35,7 @@ import ray
 from ray.exceptions import ActorDiedError
 
 from rayguard._ray import require_attrs, version_error
+from rayguard._ray.train import reserved_resources
 
 try:
     from ray.train.v2._internal import constants as _constants
@@ -253,7 +254,7 @@ class _Reservations:
     """Ray Data's autoscaling coordinator as Train's client calls it: every alive node's
     resources are reserved for the run (``reserved()`` -> ``{node: resources}``)."""
 
-    def __init__(self, reserved: Callable[[], dict[str, dict[str, float]]]) -> None:
+    def __init__(self, reserved: Callable[[], Any]) -> None:
         self.request_resources = _Call(lambda **kwargs: None)
         self.cancel_request = _Call(lambda **kwargs: None)
         self.get_reserved_resources = _Call(lambda *args, **kwargs: reserved())
@@ -275,8 +276,9 @@ def in_process_ray(nodes: Callable[[], list[dict[str, Any]]]) -> Iterator[None]:
             return real_get(value, *args, **kwargs)
         return value
 
-    def reserved() -> dict[str, dict[str, float]]:
-        return {n["NodeID"]: dict(n["Resources"]) for n in nodes() if n.get("Alive")}
+    def reserved() -> Any:  # in the shape this Ray's policy reads
+        alive = [n for n in nodes() if n.get("Alive")]
+        return reserved_resources([n["Resources"] for n in alive], [n["NodeID"] for n in alive])
 
     coordinator = _Reservations(reserved)
     ray.get, ray.nodes = get, nodes  # type: ignore[assignment]

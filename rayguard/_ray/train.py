@@ -92,8 +92,8 @@ __all__ = [
     "GuardHooksTrainer", "NoopDecision", "QuietRetryPolicy", "RoundingElasticPolicy",
     "ScalingPolicy", "WorkerGroupCallback", "controller_env", "create_scaling_policy",
     "fail_every_worker", "fail_workers", "group_nodes", "marked_failed", "permute_workers",
-    "probe_nodes", "replaced_alone", "replacement_met_a_dead_worker", "reserved_resources", "resources_per_worker",
-    "restore_local_ranks", "set_group_label_selector", "set_group_local_ranks",
+    "probe_nodes", "replaced_alone", "replacement_met_a_dead_worker", "reserved_resources",
+    "resources_per_worker", "restore_local_ranks", "set_group_label_selector", "set_group_local_ranks",
     "unwrap_worker_error", "worker_slots",
 ]
 
@@ -230,11 +230,10 @@ def set_group_local_ranks(workers: Sequence[Any]) -> dict[int, Any]:
     Ray computes them per replica group, so a group of one-worker replica groups (live
     recovery) would have every rank at local rank 0: every worker on one GPU."""
     import dataclasses
+    from collections import Counter
 
     nodes = [w.metadata.node_ip for w in workers]
-    sizes: dict[str, int] = {}
-    for node in nodes:
-        sizes[node] = sizes.get(node, 0) + 1
+    sizes = Counter(nodes)
     order: dict[str, int] = {}
     seen: dict[str, int] = {}
     contexts = {}
@@ -259,17 +258,19 @@ def restore_local_ranks(workers: Sequence[Any], contexts: dict[int, Any]) -> Non
 
 
 # -- the scaling policy ----------------------------------------------------------------------
-def reserved_resources(per_node: Sequence[dict[str, float]]) -> Any:
+def reserved_resources(per_node: Sequence[dict[str, float]],
+                       node_ids: Sequence[str] | None = None) -> Any:
     """Reservations in the shape Ray's autoscaling coordinator returns them: a dict by node
-    on Ray 2.60 (``ReservedResources``), a list on 2.59 (what ``_count_possible_workers``
-    takes)."""
+    on Ray 2.60 (``ReservedResources``; keyed by ``node_ids`` when given), a list on 2.59
+    (what ``_count_possible_workers`` takes)."""
     try:
         from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (  # noqa: F401
             ReservedResources,
         )
     except ImportError:  # Ray 2.59
         return [dict(r) for r in per_node]
-    return {f"node{i}": dict(r) for i, r in enumerate(per_node)}
+    ids = list(node_ids) if node_ids is not None else [f"node{i}" for i in range(len(per_node))]
+    return {node: dict(r) for node, r in zip(ids, per_node, strict=True)}
 
 
 class RoundingElasticPolicy(ElasticScalingPolicy):

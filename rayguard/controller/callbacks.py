@@ -26,7 +26,7 @@ from rayguard._ray.train import (
 )
 from rayguard.controller.fence import FenceView
 from rayguard.events import make_event
-from rayguard.exceptions import RayGuardError
+from rayguard.exceptions import PeersLostError, RayGuardError
 from rayguard.failures import Failure, classify
 from rayguard.health.live import LAST_COMMITTED_KEY
 from rayguard.health.quarantine import NodeFailure, node_failure_reason
@@ -188,8 +188,6 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             time.sleep(0.1)
         if not unseen:
             return set()
-        from rayguard.exceptions import PeersLostError
-
         fail_workers(worker_group_status, unseen, PeersLostError(
             f"rank(s) {sorted(unseen)} raised in attempt {self._attempt}; the error reaches "
             "Ray after this poll"))
@@ -239,9 +237,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         plan = plan_recovery_path(self._failed, self._world, mode=mode, attempt=self._attempt,
                                   live_attempt=live_attempt, lost_nodes=lost)
         if not plan.alone and partial and mode != RESTART:
-            from rayguard.exceptions import PeersLostError
-
-            fail_every_worker(worker_group_status, PeersLostError(plan.reason))
+                fail_every_worker(worker_group_status, PeersLostError(plan.reason))
         return plan
 
     def _live_attempt(self) -> LiveAttempt | None:

@@ -14,9 +14,11 @@ autoscaling coordinator's own view of a changing cluster.
 
 from __future__ import annotations
 
+import pytest
 from ray.train import FailureConfig
 
 import rayguard
+from rayguard._ray.train import reserved_resources
 from rayguard.elastic.remap import ASSIGNMENT_KEY
 
 
@@ -83,6 +85,8 @@ def test_below_the_smallest_valid_size_the_run_waits(harness):
 
 
 def test_a_straggler_node_is_left_out_at_the_next_resize(harness):
+    if not isinstance(reserved_resources([{"CPU": 1.0}]), dict):
+        pytest.skip("Ray 2.59 reserves without node ids: only the placement leaves a node out")
     # tests/ray/test_straggler_eviction.py::test_a_straggler_node_is_left_out_at_the_next_resize
     def slow_on_slow_node(w):
         if w.world_size == 1 and w.step >= 4:

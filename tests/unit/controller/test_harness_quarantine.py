@@ -12,9 +12,11 @@ by its own reading of the selector), the SIGKILL of a real worker, ``rayguard qu
 
 from __future__ import annotations
 
+import pytest
 from ray.train import FailureConfig
 
 import rayguard
+from rayguard._ray.train import reserved_resources
 from rayguard.health import quarantine_file
 
 
@@ -81,6 +83,8 @@ def test_a_lifted_quarantine_takes_effect_at_the_next_start(harness):
 
 
 def test_an_elastic_run_goes_on_without_a_quarantined_node(harness):
+    if not isinstance(reserved_resources([{"CPU": 1.0}]), dict):
+        pytest.skip("Ray 2.59 reserves without node ids: only the placement leaves a node out")
     # the elastic policy counts only admitted nodes: it shrinks instead of waiting
     def dies_on_bad_or_ends(w):
         if w.node_name == "bad":
