@@ -5,11 +5,18 @@ A simulated cluster of 3 one-CPU nodes runs a DDP job with a constant global bat
 checkpoint on 2 workers with accumulation 3 instead of 2, and the data position carries on
 exactly. Then a node is added back and the run grows to 3 workers again.
 
-    .venv/bin/python examples/elastic.py        # a few minutes: each resize restarts workers
+With live recovery (the default here) both resizes are made in place: the surviving
+workers keep their processes and run the training function again with the new world size
+and accumulation; only the returning node's worker starts. ``--recovery restart`` restarts
+the whole worker group at each resize instead (Ray Train's own elastic restart).
+
+    .venv/bin/python examples/elastic.py                      # resized in place
+    .venv/bin/python examples/elastic.py --recovery restart   # each resize restarts workers
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -60,7 +67,8 @@ def train_fn(config: dict) -> None:
             step += 1
             with open(os.path.join(config["out"], f"{os.getpid()}.jsonl"), "a") as f:
                 f.write(json.dumps({"step": step, "ws": ctx.world_size, "accum": ctx.grad_accum_steps,
-                                    "rank": ctx.rank, "loss": loss.item() * ctx.grad_accum_steps}) + "\n")
+                                    "rank": ctx.rank, "pid": os.getpid(),
+                                    "loss": loss.item() * ctx.grad_accum_steps}) + "\n")
             time.sleep(config["step_s"])
             rayguard.train.report(
                 {"loss": loss.item() * ctx.grad_accum_steps, "step": step}, step=step,
@@ -77,6 +85,10 @@ def steps(out: str) -> list[dict]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recovery", choices=("live", "restart"), default="live",
+                        help="resize in place (live) or restart the worker group (restart)")
+    args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="rayguard-elastic-")
     out = os.path.join(root, "steps")
     os.makedirs(out)
@@ -88,7 +100,8 @@ def main() -> None:
                                          elastic_resize_monitor_interval_s=1.0),
             run_config=RunConfig(storage_path=root, name="elastic",
                                  failure_config=FailureConfig(max_failures=3)),
-            guard_config=rayguard.GuardConfig(global_batch_size=GLOBAL, micro_batch_size=MICRO),
+            guard_config=rayguard.GuardConfig(global_batch_size=GLOBAL, micro_batch_size=MICRO,
+                                              recovery=args.recovery),
         )
         thread = cluster.fit_in_background(trainer)
         wait_for(lambda: len(steps(out)) >= 4, timeout_s=300, what="4 steps")
@@ -100,7 +113,8 @@ def main() -> None:
     seen: dict[int, dict] = {r["step"]: r for r in steps(out)}  # a replayed step: last run wins
     for s, r in sorted(seen.items()):
         print(f"step {s:3d}  world {r['ws']}  accumulation {r['accum']}  "
-              f"{MICRO} x {r['accum']} x {r['ws']} = {MICRO * r['accum'] * r['ws']}  loss {r['loss']:.4f}")
+              f"{MICRO} x {r['accum']} x {r['ws']} = {MICRO * r['accum'] * r['ws']}  "
+              f"loss {r['loss']:.4f}  rank 0 pid {r['pid']}")
     print(f"final loss {result.metrics['loss']:.4f}; run directory {result.path}")
 
 

@@ -131,7 +131,8 @@ class RobustTrainer(GuardHooksTrainer):
                               replica_groups=self._replica_groups and not self._live,
                               max_failures=cast(FailureConfig,
                                                 self._rc.failure_config).max_failures,
-                              live=self._live)
+                              live=self._live,
+                              elastic=self._live and self.scaling_config.elasticity_enabled)
 
     @property
     def _replica_groups(self) -> bool:
@@ -152,7 +153,9 @@ class RobustTrainer(GuardHooksTrainer):
         if self._coordinator is not None:
             callbacks.append(RayGuardCallback(
                 self._coordinator, quarantine=self.guard_config.health.quarantine_after is not None,
-                mode=recovery_mode(replica_groups=self._replica_groups, live=self._live)))
+                mode=recovery_mode(replica_groups=self._replica_groups, live=self._live),
+                elastic=self._live and self.scaling_config.elasticity_enabled,
+                live_wait_s=self.guard_config.health.live_wait_s))
             store = CoordinatorStore(self._coordinator)
         callbacks.append(RankOrder(numa=self.guard_config.numa != "off", store=store,
                                    group_local_ranks=self._live))
@@ -168,6 +171,15 @@ class RobustTrainer(GuardHooksTrainer):
         if scaling_policy is not None:
             policies["scaling_policy"] = scaling_policy
         return policies
+
+    def controller_class(self) -> type | None:
+        """Live recovery on an elastic run: a controller whose size changes can be made in
+        place (:mod:`rayguard._ray.resize`)."""
+        if not (self._live and self.scaling_config.elasticity_enabled):
+            return None
+        from rayguard._ray.resize import GuardController
+
+        return GuardController
 
     def controller_env_vars(self) -> dict[str, str]:
         """The controller (and the actors it starts) join the cluster ``fit()`` runs on."""

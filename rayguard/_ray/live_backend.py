@@ -106,9 +106,11 @@ def apply_live(guard: Any, kwargs: dict[str, Any]) -> bool:
     why = None
     if config is not None and type(config) is not TorchConfig:
         why = f"torch_config is a {type(config).__name__}, whose backend places the workers"
-    elif not isinstance(workers, int) or workers < 2:
-        why = (f"ScalingConfig(num_workers={workers!r}): live replacement needs a fixed "
-               "group of 2 or more (an elastic run restarts at the new size)")
+    elif isinstance(workers, int) and workers < 2:
+        why = (f"ScalingConfig(num_workers={workers!r}): live replacement needs 2 or more "
+               "workers")
+    elif not isinstance(workers, int) and max(workers) < 2:
+        why = f"ScalingConfig(num_workers={workers!r}): never more than one worker"
     elif not live_supported():
         why = "this Ray cannot replace one worker alone"
     if why is not None:

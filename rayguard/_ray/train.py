@@ -359,9 +359,9 @@ def controller_env(values: dict[str, str]) -> Iterator[None]:
 
 # -- TorchTrainer's private hooks ---------------------------------------------------------------
 class GuardHooksTrainer(TorchTrainer):
-    """``TorchTrainer`` with its private hooks turned into four public ones a subclass
+    """``TorchTrainer`` with its private hooks turned into public ones a subclass
     overrides: :meth:`wrap_train_func`, :meth:`controller_callbacks`,
-    :meth:`controller_policies`, :meth:`controller_env_vars`."""
+    :meth:`controller_policies`, :meth:`controller_env_vars`, :meth:`controller_class`."""
 
     def wrap_train_func(self, train_func: Callable[..., Any]) -> Callable[..., Any]:
         """The function each worker runs, given the one Ray Train would run."""
@@ -379,6 +379,11 @@ class GuardHooksTrainer(TorchTrainer):
         """Variables set in the controller's environment (and the actors it starts)."""
         return {}
 
+    def controller_class(self) -> type | None:
+        """The controller actor's class, a subclass of Ray Train's ``TrainController``
+        (``None``: Ray's own)."""
+        return None
+
     def _get_train_func(self):
         return self.wrap_train_func(super()._get_train_func())
 
@@ -387,5 +392,23 @@ class GuardHooksTrainer(TorchTrainer):
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any):
         controller_init_kwargs.update(self.controller_policies())
-        with controller_env(self.controller_env_vars()):
+        with controller_env(self.controller_env_vars()), \
+                _controller_class(self.controller_class()):
             return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+
+@contextmanager
+def _controller_class(cls: type | None) -> Iterator[None]:
+    """While the block runs, Ray Train's trainer starts its controller actor from ``cls``
+    (the ``TrainController`` name its module reads when it starts one)."""
+    if cls is None:
+        yield
+        return
+    from ray.train.v2.api import data_parallel_trainer as module
+
+    saved = module.TrainController
+    module.TrainController = cls
+    try:
+        yield
+    finally:
+        module.TrainController = saved

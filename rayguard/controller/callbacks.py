@@ -25,6 +25,7 @@ from rayguard._ray.train import (
     unwrap_worker_error,
 )
 from rayguard.controller.fence import FenceView
+from rayguard.controller.resize import InPlaceResizer
 from rayguard.events import make_event
 from rayguard.exceptions import PeersLostError, RayGuardError
 from rayguard.failures import Failure, classify
@@ -33,6 +34,7 @@ from rayguard.health.quarantine import NodeFailure, node_failure_reason
 from rayguard.health.recovery import (
     LIVE,
     REPLICA_GROUP,
+    RESIZE,
     RESTART,
     LiveAttempt,
     RecoveryKind,
@@ -76,7 +78,8 @@ and hangs are planned at once."""
 
 class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
     def __init__(self, coordinator: Any, quarantine: bool = False, *,
-                 mode: RecoveryKind | str = RESTART) -> None:
+                 mode: RecoveryKind | str = RESTART, elastic: bool = False,
+                 live_wait_s: float = 30.0) -> None:
         self.coordinator = coordinator
         self.fence = FenceView(coordinator) if quarantine else None
         """The quarantined nodes (``None``: quarantine off, no node is counted or left out)."""
@@ -97,6 +100,14 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._live: tuple[Attempt, Any] | None = None
         """The live attempt this group runs, with the last committed checkpoint when it
         opened; ``None``: the group's own start."""
+        self.elastic = elastic
+        """The run's size may change (``ScalingConfig(num_workers=(min, max))``)."""
+        self.resizer: InPlaceResizer | None = (
+            InPlaceResizer(coordinator, live_wait_s) if elastic and self.mode == LIVE else None)
+        """Live recovery on an elastic run: size changes are made in place where they can
+        be (:mod:`rayguard.controller.resize`)."""
+        self._shrink: frozenset[int] | None = None
+        """The ranks a lost node took, when the next size change is their shrink."""
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         """Runs in the controller before each worker group starts: a new attempt, placed off
@@ -110,7 +121,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._attempt = opened.number
         self._nodes = []
         self._live = None
-        self._failed, self._plan = set(), None
+        self._failed, self._plan, self._shrink = set(), None, None
         if self.fence is None:
             return
         excluded = self.fence(fresh=True)
@@ -235,8 +246,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         failed_live = live_attempt is not None and not live_attempt.settled
         lost = self._lost_nodes() if mode == LIVE and partial and not failed_live else []
         plan = plan_recovery_path(self._failed, self._world, mode=mode, attempt=self._attempt,
-                                  live_attempt=live_attempt, lost_nodes=lost)
-        if not plan.alone and partial and mode != RESTART:
+                                  live_attempt=live_attempt, lost_nodes=lost,
+                                  elastic=self.resizer is not None)
+        if not plan.alone and partial and mode != RESTART and plan.kind != RESIZE:
                 fail_every_worker(worker_group_status, PeersLostError(plan.reason))
         return plan
 
@@ -285,6 +297,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         if plan.kind == LIVE:
             self._open_live(plan)
             return
+        if plan.kind == RESIZE:  # the elastic policy's size comes next: resize_in_place
+            self._shrink = frozenset(plan.ranks)
+            return
         ranks, attempt = list(plan.ranks), plan.attempt
         if plan.kind == REPLICA_GROUP:
             detail = (f"rank(s) {ranks} replaced in attempt {attempt} (Ray's replica-group "
@@ -311,6 +326,31 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self.coordinator.record.remote(make_event(
             "restart", f"{detail} in attempt {opened.number}", attempt=old,
             **plan.event_fields(), next_attempt=opened.number))
+
+    def wants_resize(self, worker_group: Any, new_world: int) -> bool:
+        """Whether the size change to ``new_world`` is this callback's to make (a lost
+        node's shrink, or another size on an elastic live run); ``False``: Ray's own path
+        (the same size: a worker replaced alone)."""
+        if self.resizer is None:
+            return False
+        return self._shrink is not None or new_world != len(worker_group.get_workers())
+
+    def resize_in_place(self, worker_group: Any, new_world: int,
+                        on_placed: Any = lambda wg: None) -> bool:
+        """Resize the running group to ``new_world`` in place (:mod:`rayguard.controller.
+        resize`); ``False``: it cannot be, and the group restarts (said in the ``resize``
+        event)."""
+        assert self.resizer is not None
+        shrink, self._shrink = self._shrink, None
+        committed = self._committed()
+        opened = self.resizer.resize(worker_group, new_world, attempt=self._attempt,
+                                     failed=shrink or frozenset(), on_placed=on_placed)
+        if opened is None:
+            return False
+        self._attempt = opened.number
+        self._live = (opened, committed)
+        self._nodes = group_nodes(worker_group)
+        return True
 
     def _lost_nodes(self) -> list[str]:
         """The nodes of failed ranks that are gone (Ray's one-worker replacement would wait

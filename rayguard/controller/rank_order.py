@@ -103,7 +103,6 @@ class RankOrder(WorkerGroupCallback):
         from rayguard.elastic.remap import (
             ASSIGNMENT_KEY,
             assignment_from_state,
-            next_record,
             remap_permutation,
             slots_from_workers,
         )
@@ -128,12 +127,30 @@ class RankOrder(WorkerGroupCallback):
                 logger.info("rayguard: world ranks remapped after a restart: %s", perm)
         if self.group_local_ranks:
             self._contexts = set_group_local_ranks(workers)
-        if self.store is not None:
-            try:
-                self.store.put(ASSIGNMENT_KEY, next_record(record, slots))
-            except Exception as exc:  # the coordinator died: the run is failing anyway
-                logger.warning("rayguard: could not store the rank assignment: %s", exc)
+        self._store_assignment(record, slots)
         return {}
+
+    def after_resized_in_place(self, worker_group: Any) -> None:
+        """A group resized in place (:mod:`rayguard.controller.resize`): its workers'
+        places are those a worker replaced alone later takes again, and the assignment
+        record says where each rank was before."""
+        from rayguard.elastic.remap import ASSIGNMENT_KEY, slots_from_workers
+
+        workers = worker_group.get_workers()
+        self._contexts = {w.distributed_context.world_rank: w.distributed_context
+                          for w in workers}
+        slots = slots_from_workers([(node, gpus) for node, gpus, _ in worker_slots(workers)])
+        self._store_assignment(self._read(ASSIGNMENT_KEY), slots)
+
+    def _store_assignment(self, record: Any, slots: list[Any]) -> None:
+        from rayguard.elastic.remap import ASSIGNMENT_KEY, next_record
+
+        if self.store is None:
+            return
+        try:
+            self.store.put(ASSIGNMENT_KEY, next_record(record, slots))
+        except Exception as exc:  # the coordinator died: the run is failing anyway
+            logger.warning("rayguard: could not store the rank assignment: %s", exc)
 
     def _read(self, key: str) -> Any:
         if self.store is None:

@@ -20,6 +20,7 @@ RUN_KINDS = (
     "hang_diagnosed",  # rayguard.run.diagnosis: the one decision on a hang (culprits)
     "rejoined",  # rayguard.train.live: a rank joined a live recovery's process group
     "diverged",  # rayguard.health.finite: the loss diverged (HealthConfig(divergence=))
+    "resize",  # rayguard.controller.resize: an elastic group resized (in place or restarted)
 )
 
 # A sweep's kinds (the health callback of rayguard.tune).
@@ -45,7 +46,7 @@ NOTABLE_KINDS = frozenset({"worker_died", "restart", "stall_detected", "nan_dete
                            "checkpoint_rejected", "crash_loop", "not_retried", "straggler",
                            "preemption_notice", "preemption_checkpoint",
                            "node_quarantined", "quarantine_lifted", "placement_wait",
-                           "hang_diagnosed"})
+                           "hang_diagnosed", "resize"})
 """Run kinds printed on the driver's console as they happen (and logged as warnings by the
 worker that records them)."""
 

@@ -32,6 +32,10 @@ class RecoveryKind(str, Enum):
     REPLICA_GROUP = "replica_group"
     """Ray replaces the failed replica groups alone (``TorchftConfig``: torchft's own
     quorum, no new attempt)."""
+    RESIZE = "resize"
+    """An elastic run lost a node: the elastic policy chooses the new size and the survivors
+    keep their processes where the resize can be made in place
+    (:func:`rayguard.elastic.in_place.plan_resize`), else the group restarts at that size."""
     ROLLBACK = "in_place"
     """A NaN/inf (or divergence) every rank agreed at a report, rolled back in place: no
     process restarts, every rank re-enters the training function
@@ -45,6 +49,7 @@ RESTART = RecoveryKind.RESTART
 LIVE = RecoveryKind.LIVE
 REPLICA_GROUP = RecoveryKind.REPLICA_GROUP
 ROLLBACK = RecoveryKind.ROLLBACK
+RESIZE = RecoveryKind.RESIZE
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,8 @@ def recovery_mode(*, replica_groups: bool, live: bool) -> RecoveryKind:
 
 def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: str,
                        attempt: int | None = None, live_attempt: LiveAttempt | None = None,
-                       lost_nodes: Sequence[str] = (), in_place: bool = False) -> RecoveryPath:
+                       lost_nodes: Sequence[str] = (), in_place: bool = False,
+                       elastic: bool = False) -> RecoveryPath:
     """The path of the recovery from the failure of ``failed_ranks`` of ``world_size`` in
     ``attempt``.
 
@@ -115,7 +121,8 @@ def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: 
     failed attempt, when a live recovery opened it (``None``: a whole-group start or an
     in-place rollback opened it). ``lost_nodes``: the nodes of failed ranks that are gone.
     ``in_place``: the failure is a NaN/inf (or divergence) every rank agreed at a report
-    (no worker failed; only live recovery defers one so). The first row that applies decides:
+    (no worker failed; only live recovery defers one so). ``elastic``: the run's size may
+    change (``ScalingConfig(num_workers=(min, max))``). The first row that applies decides:
 
     ==  ==================================================  =============  ==============
     #   when                                                path           ``fallback``
@@ -127,10 +134,11 @@ def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: 
         has not settled (no commit since it opened),                       survivors or
         whichever of its ranks failed                                      replacements)
     5   every rank failed                                   restart        live: why
-    6   live; a failed rank's node is lost (Ray's one-      restart        the lost nodes
+    6   live, elastic; a failed rank's node is lost         resize         --
+    7   live; a failed rank's node is lost (Ray's one-      restart        the lost nodes
         rank replacement would wait for its bundle)
-    7   replica groups                                      replica_group  --
-    8   live                                                live           --
+    8   replica groups                                      replica_group  --
+    9   live                                                live           --
     ==  ==================================================  =============  ==============
     """
     failed = tuple(sorted(set(failed_ranks)))
@@ -157,6 +165,10 @@ def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: 
     if len(failed) >= world_size:
         why = f"every rank failed ({world_size}): there is no survivor to keep"
         return path(RESTART, every, why, fallback=why if live else None)
+    if live and lost_nodes and elastic:
+        return path(RESIZE, failed, f"node(s) {', '.join(n[:12] for n in lost_nodes)} of "
+                    f"rank(s) {list(failed)} lost: the elastic policy chooses the new size; "
+                    "the survivors keep their processes where it can be made in place")
     if live and lost_nodes:
         why = (f"live recovery falls back to a restart of the whole group: node(s) "
                f"{', '.join(n[:12] for n in lost_nodes)} of rank(s) {list(failed)} lost")
@@ -176,5 +188,5 @@ def _live_failed(failed: tuple[int, ...], live: LiveAttempt) -> str:
             f"commit, {who} failed in it; a failed live recovery is not tried alone again")
 
 
-__all__ = ["LIVE", "REPLICA_GROUP", "RESTART", "ROLLBACK", "LiveAttempt", "RecoveryKind",
+__all__ = ["LIVE", "REPLICA_GROUP", "RESIZE", "RESTART", "ROLLBACK", "LiveAttempt", "RecoveryKind",
            "RecoveryPath", "plan_recovery_path", "recovery_mode"]

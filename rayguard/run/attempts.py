@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rayguard.health.recovery import LIVE, RecoveryKind
+from rayguard.health.recovery import LIVE, RESIZE, RecoveryKind
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,11 @@ class Attempt:
     number: int
     """0 for the run's first, then one more per opening."""
     kind: RecoveryKind
-    """How it opened: ``RESTART`` (a whole group starts), ``LIVE`` or ``ROLLBACK``."""
+    """How it opened: ``RESTART`` (a whole group starts), ``LIVE``, ``RESIZE`` (an elastic
+    group resized in place, :mod:`rayguard.controller.resize`) or ``ROLLBACK``."""
     replaced: tuple[int, ...] = ()
     """``LIVE``: the ranks Ray starts again alone for it (the others are its survivors);
-    empty for the other kinds."""
+    ``RESIZE``: the ranks it drops; empty for the other kinds."""
     opened_at: float = 0.0
     """Wall-clock time of the opening (a live attempt's notice says it too)."""
 
@@ -43,13 +44,13 @@ class Attempts:
     def open(self, kind: RecoveryKind | str, *, replaced: Iterable[int] = (),
              now: float | None = None) -> Attempt:
         """Open the next attempt; returns it. ``replaced`` only for a ``LIVE`` attempt, which
-        needs at least one."""
+        needs at least one, or a ``RESIZE`` one (the ranks it drops; none on a grow)."""
         kind = RecoveryKind(kind)
         ranks = tuple(sorted({int(r) for r in replaced}))
         if kind == LIVE and not ranks:
             raise ValueError("Attempts.open(LIVE): a live attempt replaces at least one rank; "
                              "pass replaced=[...]")
-        if kind != LIVE and ranks:
+        if kind not in (LIVE, RESIZE) and ranks:
             raise ValueError(f"Attempts.open({kind.name}, replaced={list(ranks)}): only a "
                              "live attempt replaces ranks alone")
         opened = Attempt(len(self._opened), kind, ranks,

@@ -23,7 +23,7 @@ from rayguard.health.crash_loop import FailureRecord, crash_loop
 from rayguard.health.eviction import RankScore
 from rayguard.health.live import LAST_COMMITTED_KEY, live_key, opened_key
 from rayguard.health.quarantine import NodeFailure
-from rayguard.health.recovery import LIVE, RecoveryKind
+from rayguard.health.recovery import LIVE, RESIZE, RecoveryKind
 from rayguard.observe.observer import RunObserver
 from rayguard.observe.progress import attempt_view
 from rayguard.run.attempts import Attempt, Attempts
@@ -65,19 +65,25 @@ class RunCoordinator(MemoryHost):
 
     # -- attempts and events -------------------------------------------------------------
     def open_attempt(self, kind: RecoveryKind | str, failed: int | None = None,
-                     replaced: list[int] | None = None, detail: str = "") -> Attempt:
+                     replaced: list[int] | None = None, detail: str = "",
+                     resize: dict[str, Any] | None = None) -> Attempt:
         """Open the run's next attempt (the one place that does: a whole group's start, a
         live replacement, an in-place rollback); returns it. A ``LIVE`` attempt replaces
         ``replaced`` of the ``failed`` attempt alone: the survivors get their notice
         (:func:`~rayguard.health.live.live_key` of ``failed``, ``detail`` in it) and every
-        wait of ``failed`` is released (its gathers can no longer complete)."""
-        if RecoveryKind(kind) != LIVE:
+        wait of ``failed`` is released (its gathers can no longer complete). ``resize``: the
+        attempt resizes the group in place (:mod:`rayguard.elastic.in_place`), said in the
+        notice."""
+        kind = RecoveryKind(kind)
+        if kind not in (LIVE, RESIZE):
             return self._attempts.open(kind, replaced=replaced or ())
         if failed is None:
-            raise ValueError("open_attempt(LIVE): name the failed attempt the survivors leave")
-        opened = self._attempts.open(LIVE, replaced=replaced or ())
+            raise ValueError(f"open_attempt({kind.name}): name the failed attempt the "
+                             "survivors leave")
+        opened = self._attempts.open(kind, replaced=replaced or ())
         notice = {"attempt": opened.number, "ranks": list(opened.replaced),
-                  "at": opened.opened_at, "detail": detail}
+                  "at": opened.opened_at, "detail": detail,
+                  **({"resize": resize} if resize else {})}
         self._facts.put(live_key(failed), notice)
         self._facts.put(opened_key(opened.number), notice)
         self._gathers.release(f"a{failed}:")
@@ -266,6 +272,10 @@ class RunCoordinator(MemoryHost):
 
     def get(self, key: str, default: Any = None) -> Any:
         return self._facts.get(key, default)
+
+    def present(self, keys: list[str]) -> list[str]:
+        """Those of ``keys`` that hold a fact."""
+        return [k for k in keys if self._facts.get(k) is not None]
 
     async def wait_fact(self, key: str, timeout_s: float) -> Any:
         """The fact ``key`` once there (at once when it is); ``None`` after ``timeout_s``:

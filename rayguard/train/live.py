@@ -84,6 +84,73 @@ def peer_lost(link: RunLink) -> Callable[[], str | None]:
     return lost
 
 
+class ResizeWatch:
+    """Asked at every report of an elastic run under live recovery: once the run's notice
+    says this attempt is resized in place (:mod:`rayguard.controller.resize`), the rank
+    leaves it here, at a step boundary, by raising :class:`PeersLostError` (its peers still
+    in a collective then see this rank's group close). Never blocks
+    (:class:`rayguard.run.poll.FactPoll`)."""
+
+    def __init__(self, link: RunLink) -> None:
+        self._poll = link.fact_poll(live_key(link.ctx.attempt))
+        self._ctx = link.ctx
+
+    def __call__(self) -> None:
+        from rayguard.elastic.in_place import is_resize
+
+        notice = self._poll.value()
+        if is_resize(notice):
+            resize = notice["resize"]
+            raise PeersLostError(
+                f"rank {self._ctx.rank}: attempt {self._ctx.attempt} is resized in place from "
+                f"{resize.get('old_world_size')} to {resize.get('world_size')} worker(s)")
+
+
+def take_place(link: RunLink, attempt: int, wait_s: float) -> bool:
+    """A rank that left its attempt for ``attempt`` (its reports abandoned, its group left):
+    when that attempt resizes the group in place, say so to the controller, wait for the
+    resized group (``wait_s``) and take this rank's place in it: Ray's train context and
+    the torch variables say the new rank, world size and local ranks, which set-up then
+    reads. Returns whether it was a resize. Raises :class:`PeersLostError` when the group
+    is not resized in time or this rank has no place in it."""
+    from rayguard.controller.resize import go_key, left_key
+    from rayguard.elastic.in_place import is_resize
+
+    ctx = link.ctx
+    if not is_resize(link.get(live_key(ctx.attempt))):
+        return False
+    link.mark(left_key(ctx.attempt, ctx.rank), True)
+    go = link.wait_fact(go_key(attempt), wait_s)
+    if go is None:
+        raise PeersLostError(
+            f"rank {ctx.rank}: the resize of attempt {ctx.attempt} was not in place within "
+            f"{wait_s} s (HealthConfig(live_wait_s)); the worker group restarts")
+    place = (go.get("places") or {}).get(str(ctx.rank))
+    if place is None:
+        raise PeersLostError(f"rank {ctx.rank}: no place in the group resized for attempt "
+                             f"{attempt}; this worker stops")
+    apply_place(place)
+    logger.warning("rayguard: rank %s keeps its process as rank %s of %s (attempt %s, "
+                   "resized in place)", ctx.rank, place["world_rank"], place["world_size"],
+                   attempt)
+    return True
+
+
+def apply_place(place: dict[str, int]) -> None:
+    """This process's place in a resized group: Ray Train's context (what
+    ``ray.train.get_context()`` answers) and the torch variables Ray sets."""
+    import dataclasses
+
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    train_ctx = get_train_context()
+    train_ctx.distributed_context = dataclasses.replace(train_ctx.distributed_context, **place)
+    os.environ.update({"RANK": str(place["world_rank"]), "WORLD_SIZE": str(place["world_size"]),
+                       "LOCAL_RANK": str(place["local_rank"]),
+                       "LOCAL_WORLD_SIZE": str(place["local_world_size"]),
+                       "NODE_RANK": str(place["node_rank"])})
+
+
 class AttemptSuperseded(Exception):
     """A survivor's set-up for a live attempt that the run has already replaced by a newer
     one (a replacement failed before it joined): set up again for ``attempt``."""
@@ -288,7 +355,8 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                 ranks=notice.get("ranks"), **({} if spare is None else {"spare": spare}))
 
 
-__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "setup_lost", "await_notice", "leave_broken_group", "leave_group", "peer_lost", "pg_settings", "rejoin_attempt",
+__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "ResizeWatch", "apply_place",
+           "take_place", "setup_lost", "await_notice", "leave_broken_group", "leave_group", "peer_lost", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]
 
 

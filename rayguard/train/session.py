@@ -10,6 +10,7 @@ step), agreed, checkpointed, forwarded to Ray Train and timed.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rayguard import _deprecated
@@ -61,6 +62,9 @@ class WorkerSession:
         :func:`rayguard.train.steps.step_unit`), shown by the driver's progress line."""
         self.nonfinite = False
         """This report's watched metric was NaN/inf here (``recovery="live"``)."""
+        self.resize_watch: Callable[[], None] | None = None
+        """Asked at every report (an elastic run under live recovery): raises when the run
+        resizes this attempt in place (:class:`rayguard.train.live.ResizeWatch`)."""
         self.report_count = 0
         self.load_count = 0
         self._last_metrics: dict[str, Any] | None = None
@@ -86,6 +90,8 @@ class WorkerSession:
         """A report reached this rank (``rayguard.train.report`` or ``ray.train.report``): its
         plain metrics and step; faults fire, NaN/inf raise (``defer_nan``: set
         :attr:`nonfinite` instead), the watchdog sees a step."""
+        if self.resize_watch is not None:
+            self.resize_watch()
         metrics = {k: plain(v) for k, v in dict(metrics).items()}
         step = resolve_step(step, metrics, state, self.last_step)
         metrics = self.injector.on_report(step, metrics)

@@ -207,7 +207,7 @@ class GuardedTrainFn:
 
     def __init__(self, inner: Callable[[], Any], guard: GuardConfig, coordinator: Any,
                  run_dir: str, *, replica_groups: bool = False, max_failures: int = -1,
-                 live: bool = False) -> None:
+                 live: bool = False, elastic: bool = False) -> None:
         self.inner = inner
         self.guard = guard
         self.coordinator = coordinator
@@ -221,6 +221,9 @@ class GuardedTrainFn:
         self.live = live
         """Live recovery (:mod:`rayguard.train.live`): Ray replaces a failed worker alone and
         the survivors rejoin it in their own processes."""
+        self.elastic = elastic
+        """An elastic run under live recovery: its size changes are made in place where
+        they can be (:mod:`rayguard.controller.resize`); every report watches for one."""
 
     def __call__(self) -> Any:
         attempt = None  # set when this process rejoins a live recovery
@@ -260,9 +263,9 @@ class GuardedTrainFn:
 
     def _rejoin(self, session: WorkerSession, exc: BaseException) -> int | None:
         """The attempt this process rejoins after ``exc`` (``None``: it raises)."""
-        if not self.live or session.ctx.world_size < 2:
+        if not self.live or (session.ctx.world_size < 2 and not self.elastic):
             return None
-        from rayguard.train.live import leave_group, rejoin_attempt
+        from rayguard.train.live import leave_group, rejoin_attempt, take_place
 
         wait_s = self.guard.health.live_wait_s
         attempt = rejoin_attempt(session.link, exc, wait_s)
@@ -276,6 +279,7 @@ class GuardedTrainFn:
                 "(HealthConfig(live_wait_s)); this rank is replaced too") from exc
         session.checkpointer.close()
         leave_group()
+        take_place(session.link, attempt, wait_s)  # a resize in place: this rank's new place
         return attempt
 
     def _run(self, session: WorkerSession, bridge: ray_report.RayReportBridge) -> Any:
@@ -388,8 +392,14 @@ class GuardedTrainFn:
         preemption = watch_preemption(link, agreement, stop=watchdog.stop,
                                       flush=lambda timeout_s: forwarder.flush(timeout_s=timeout_s))
         forwarding = ReportForwarding(forwarder, store.fs, raw=ray_report.raw_report_of(inner))
-        return assemble(link, self.guard, watchdog=watchdog, store=store, agreement=agreement,
-                        preemption=preemption, forwarding=forwarding, faults=faults)
+        session = assemble(link, self.guard, watchdog=watchdog, store=store,
+                           agreement=agreement, preemption=preemption, forwarding=forwarding,
+                           faults=faults)
+        if self.live and self.elastic:
+            from rayguard.train.live import ResizeWatch
+
+            session.resize_watch = ResizeWatch(link)
+        return session
 
 
 __all__ = ["GuardedTrainFn", "build_session", "check_rank_env", "current_session",

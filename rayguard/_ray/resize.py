@@ -1,0 +1,209 @@
+"""Ray Train internals for resizing a running worker group in place (live recovery on an
+elastic run; the plan is :func:`rayguard.elastic.in_place.plan_resize`).
+
+Ray Train's controller makes every size change a whole-group restart
+(``TrainController._execute_resize_decision``). :class:`GuardController` asks rayguard's
+controller callback first (its ``resize_in_place(controller, decision)``); where that says
+it resized the group in place, the group keeps running, else Ray's restart runs as before.
+The group is changed with the pieces Ray's own one-worker replacement uses
+(``WorkerGroup.replace_replica_group``): replica groups shut down or started at bundles of
+the group's placement group, the survivors' result queues cleared, the synchronization
+actor reset, the train context initialised on new workers.
+
+Relies on (Ray 2.59 and 2.60): ``TrainController._execute_resize_decision``,
+``_run_controller_hook``, ``_get_run_attempt_id``, ``_state``, ``_worker_group``,
+``_controller_callbacks``; ``TrainControllerLoopIterationResult``; ``RunningState``;
+``WorkerGroup``'s ``_replica_groups``, ``_worker_rank_to_replica_group_rank``,
+``_world_rank_to_ongoing_poll``, ``_worker_group_state`` (``WorkerGroupState``: frozen,
+``start_time``, ``placement_group_handle``, ``workers``, ``sync_actor``),
+``_worker_group_context`` (frozen, ``num_workers``), ``_create_workers``,
+``_init_train_context``, ``_replica_group_callbacks``; ``ReplicaGroup``; a worker's
+``clear_result_queue``; the sync actor's ``reset``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from rayguard._ray import require_attrs, version_error
+
+try:
+    from ray.train.v2._internal.execution.controller import controller as _controller_mod
+    from ray.train.v2._internal.execution.controller.controller import (
+        TrainController,
+        TrainControllerLoopIterationResult,
+    )
+    from ray.train.v2._internal.execution.controller.state import RunningState
+    from ray.train.v2._internal.execution.worker_group.execution_group import ReplicaGroup
+    from ray.train.v2._internal.execution.worker_group.state import WorkerGroupState
+except ImportError as _exc:  # pragma: no cover - a Ray whose Train V2 internals moved
+    raise version_error(f"a Train V2 internal ({_exc})", "elastic resize in place") from _exc
+
+require_attrs(TrainController, ("_execute_resize_decision", "_run_controller_hook",
+                                "_get_run_attempt_id"), "TrainController",
+              "elastic resize in place")
+
+logger = logging.getLogger("rayguard")
+
+__all__ = ["GuardController", "controller_module", "free_bundles", "grow_group", "place_fields",
+           "reset_barrier", "shrink_group", "start_new", "survivors_cleared"]
+
+
+class GuardController(TrainController):
+    """Ray Train's controller, whose size changes rayguard's callback may make in place."""
+
+    def _execute_resize_decision(self, decision: Any) -> Any:
+        group, size = self._worker_group, int(decision.num_workers)
+        resizer: Any = next((cb for cb in self._controller_callbacks
+                             if hasattr(cb, "resize_in_place")), None)
+        if resizer is None or group is None or not resizer.wants_resize(group, size):
+            return super()._execute_resize_decision(decision)
+        failure = self._run_controller_hook("before_controller_execute_resize_decision",
+                                            decision)
+        if failure:
+            return failure
+        listeners = [cb for cb in (*self._worker_group_callbacks_to_propagate,
+                                   *self._controller_callbacks)
+                     if hasattr(cb, "after_resized_in_place")]
+
+        def placed(worker_group: Any) -> None:
+            for listener in dict.fromkeys(listeners):
+                listener.after_resized_in_place(worker_group)
+
+        if resizer.resize_in_place(group, size, placed):
+            return TrainControllerLoopIterationResult(
+                run_attempt_id=self._get_run_attempt_id(), previous_state=self._state,
+                next_state=RunningState())
+        return _restart(self, decision)
+
+
+def _restart(controller: TrainController, decision: Any) -> Any:
+    """Ray's whole-group restart at the decision's size (its hook already ran)."""
+    controller._shutdown_worker_group()
+    controller._start_worker_group(num_workers=decision.num_workers,
+                                   resources_per_worker=decision.resources_per_worker)
+    return TrainControllerLoopIterationResult(
+        run_attempt_id=controller._get_run_attempt_id(), previous_state=controller._state,
+        next_state=RunningState())
+
+
+def controller_module() -> Any:
+    """The module whose ``TrainController`` Ray Train's trainer starts."""
+    return _controller_mod
+
+
+def free_bundles(worker_group: Any) -> list[int]:
+    """Bundles of the group's placement group that no running worker holds."""
+    state = worker_group._worker_group_state
+    total = len(state.placement_group_handle.placement_group.bundle_specs)
+    held = {w.placement_group_bundle_index for w in state.workers}
+    return [i for i in range(total) if i not in held]
+
+
+def _set_workers(worker_group: Any, workers: list[Any], groups: list[Any]) -> None:
+    """The group now runs ``workers`` (in rank order), one replica group each."""
+    state = worker_group._worker_group_state
+    worker_group._worker_group_state = WorkerGroupState(
+        start_time=time.monotonic(), placement_group_handle=state.placement_group_handle,
+        workers=workers, sync_actor=state.sync_actor)
+    worker_group._replica_groups = groups
+    worker_group._worker_rank_to_replica_group_rank = {
+        w.distributed_context.world_rank: i for i, w in enumerate(workers)}
+    worker_group._worker_group_context = dataclasses.replace(
+        worker_group._worker_group_context, num_workers=len(workers))
+    worker_group._latest_poll_status = None
+
+
+def survivors_cleared(worker_group: Any, ranks: Sequence[int]) -> None:
+    """Clear the result queues of the workers ``ranks`` (no report of the old size reaches
+    the new one) and reset the group's synchronization actor (a survivor blocked at a
+    barrier of the old size is released)."""
+    workers = worker_group.get_workers()
+    ray.get([workers[r].actor.clear_result_queue.remote() for r in ranks], timeout=60)
+    reset_barrier(worker_group)
+
+
+def reset_barrier(worker_group: Any) -> None:
+    ray.get(worker_group._worker_group_state.sync_actor.reset.remote(), timeout=60)
+
+
+def _place_all(workers: Sequence[Any]) -> None:
+    """Every worker's distributed context for the group ``workers`` (rank order): world rank
+    and size, local ranks and node rank over the whole group
+    (:func:`rayguard.elastic.in_place.places`)."""
+    from rayguard.elastic.in_place import places
+
+    for worker, place in zip(workers, places([w.metadata.node_ip for w in workers]),
+                             strict=True):
+        worker.distributed_context = dataclasses.replace(worker.distributed_context,
+                                                         **place.as_dict())
+
+
+def place_fields(worker: Any) -> dict[str, int]:
+    """A worker's place, as the resize's notice hands it to the worker."""
+    ctx = worker.distributed_context
+    return {"world_rank": ctx.world_rank, "world_size": ctx.world_size,
+            "local_rank": ctx.local_rank, "local_world_size": ctx.local_world_size,
+            "node_rank": ctx.node_rank}
+
+
+def shrink_group(worker_group: Any, keep: Sequence[int]) -> None:
+    """Keep the workers of old ranks ``keep`` (new rank ``i`` is ``keep[i]``) and shut down
+    the others (lost, or stopped)."""
+    workers = list(worker_group.get_workers())
+    groups = list(worker_group._replica_groups or [])
+    kept = set(keep)
+    for rank, group in enumerate(groups):
+        if rank not in kept:
+            try:
+                group.shutdown()
+            except Exception as exc:  # a dead worker's actor: nothing to stop
+                logger.debug("rayguard: replica group %s shut down with %s", rank, exc)
+    polls = worker_group._world_rank_to_ongoing_poll
+    old_polls = dict(polls)
+    polls.clear()
+    for new_rank, old_rank in enumerate(keep):
+        if old_rank in old_polls:
+            polls[new_rank] = old_polls[old_rank]
+    new_workers = [workers[r] for r in keep]
+    _place_all(new_workers)
+    _set_workers(worker_group, new_workers, [groups[r] for r in keep])
+
+
+def grow_group(worker_group: Any, bundles: Sequence[int], wait_s: float) -> list[Any]:
+    """Start one worker actor at each placement-group bundle of ``bundles`` (new ranks after
+    the running ones) once the placement group holds them (up to ``wait_s``), and give every
+    worker its place in the grown group. Returns the new workers (their training function is
+    started by :func:`start_new`). Raises where Ray does (a bundle not placed in time:
+    ``GetTimeoutError``)."""
+    state = worker_group._worker_group_state
+    pg = state.placement_group_handle.placement_group
+    ray.get(pg.ready(), timeout=wait_s)
+    old = list(worker_group.get_workers())
+    context = worker_group._worker_group_context
+    new = worker_group._create_workers(
+        num_workers=len(bundles), placement_group=pg,
+        resources_per_worker=context.resources_per_worker,
+        placement_group_bundle_indices=list(bundles), starting_world_rank=len(old),
+        world_size=len(old) + len(bundles), replica_group_size=1)
+    _place_all(old + new)
+    groups = list(worker_group._replica_groups or []) + [
+        ReplicaGroup([w], context.resources_per_worker, worker_group._replica_group_callbacks)
+        for w in new]
+    _set_workers(worker_group, old + new, groups)
+    return new
+
+
+def start_new(worker_group: Any, new: Sequence[Any]) -> None:
+    """Initialise the train context of the workers ``new`` and start their training
+    function."""
+    worker_group._init_train_context(list(new), worker_group._worker_group_state.sync_actor)
+    groups = worker_group._replica_groups[len(worker_group.get_workers()) - len(new):]
+    for group in groups:
+        group.start_training(worker_group._worker_group_context)
