@@ -49,8 +49,11 @@ from rayguard.observe.goodput_steps import number as _num
 from rayguard.observe.goodput_steps import span_step_time as _span_step_time
 from rayguard.observe.goodput_steps import step_time as _step_time
 
-CAUSES = ("startup", "restart", "replay", "checkpoint", "stall", "preemption", "other")
-"""Every cause of badput, in the order they are shown."""
+CAUSES = ("startup", "restart", "resize", "replay", "checkpoint", "stall", "preemption",
+          "other")
+"""Every cause of badput, in the order they are shown. ``resize``: an elastic group resized
+in place (:mod:`rayguard.controller.resize`), from the resize to the first step at the new
+size; ``restart`` is every other recovery's, phase by phase."""
 
 RESTART_PHASES = ("detection", "teardown", "worker_start", "setup", "load")
 """The phases of a restart, in order; they sum to the ``restart`` cause."""
@@ -101,6 +104,8 @@ class Goodput:
     """What :attr:`replayed_steps` counts: ``"optimizer_step"`` for a loop that reports
     rarer than it steps its optimizers (a Trainer reporting every N steps), else
     :attr:`step_unit`."""
+    resizes: int = 0
+    """Attempts opened by an in-place resize (not counted in :attr:`restarts`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-able)."""
@@ -299,6 +304,7 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
     clock = _Clock(t0)
     total, phases_total = _zero(), dict.fromkeys(RESTART_PHASES, 0.0)
     rows, productive, replayed, prev, prev_max = [], 0.0, 0, None, None
+    resizes = 0
     has_steps = any(e.get("kind") == "steps" for e in evs)
     run_end = str(evs[-1].get("kind")) if evs[-1].get("kind") in ("finished", "failed") else None
     for i, a in enumerate(attempts):
@@ -314,6 +320,10 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
         if prev is None:
             badput["startup"] += clock.take(ready)
             phases = dict.fromkeys(RESTART_PHASES, 0.0)
+        elif _resized_in_place(prev):  # node churn's own cost: the resize's time
+            badput["resize"] += sum(_restart_phases(clock, prev, a, ready, badput).values())
+            phases = dict.fromkeys(RESTART_PHASES, 0.0)
+            resizes += 1
         else:
             phases = _restart_phases(clock, prev, a, ready, badput)
             badput["restart"] += sum(phases.values())
@@ -349,8 +359,13 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
                   "estimated at the run's optimizer steps per report" for i in estimated]
     wall = t_end - t0
     return Goodput(wall, productive, productive / wall if wall > 0 else None, total, phases_total,
-                   tuple(rows), tuple(dict.fromkeys(notes)), replayed, max(len(attempts) - 1, 0),
-                   unit, replay_unit)
+                   tuple(rows), tuple(dict.fromkeys(notes)), replayed,
+                   max(len(attempts) - 1 - resizes, 0), unit, replay_unit, resizes)
+
+
+def _resized_in_place(prev: _Attempt) -> bool:
+    """Whether the attempt after ``prev`` was opened by an in-place resize of ``prev``."""
+    return any(e.get("kind") == "resize" and e.get("path") == "live" for e in prev.events)
 
 
 def step_unit_of(events: Iterable[dict[str, Any]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rayguard.observe.goodput import CAUSES, RESTART_PHASES, Goodput
 
 CAUSE_WORDS = {"startup": "start-up (Ray, the workers, set-up, before the first step)",
-               "restart": "restarts", "replay": "replayed steps", "checkpoint": "checkpoints",
+               "restart": "restarts", "resize": "resizes in place", "replay": "replayed steps", "checkpoint": "checkpoints",
                "stall": "stalls", "preemption": "preemption", "other": "unaccounted time"}
 """How the headline names a cause of badput."""
 
@@ -38,7 +38,9 @@ def headline(g: Goodput) -> str:
         return "goodput not measured (no events)"
     text = (f"goodput {g.ratio:.2f} ({g.productive_s:.1f} s productive of {g.wall_s:.1f} s, "
             f"{g.restarts} restart{'s' if g.restarts != 1 else ''}, "
-            f"{counted(g.replayed_steps, g.replay_unit)} replayed")
+            + (f"{g.resizes} resize{'s' if g.resizes != 1 else ''} in place, " if g.resizes
+               else "")
+            + f"{counted(g.replayed_steps, g.replay_unit)} replayed")
     cause = largest_cause(g)
     if cause is not None:
         words = f"replayed {noun(g.replay_unit)}s" if cause == "replay" else CAUSE_WORDS.get(

@@ -11,6 +11,7 @@ from rayguard.observe.goodput_steps import OPTIMIZER_UNIT
 from rayguard.observe.goodput_table import counted
 
 COLORS = {"productive": "#2ca02c", "startup": "#9ecae1", "restart": "#d62728",
+          "resize": "#e377c2",
           "replay": "#ff7f0e", "checkpoint": "#1f77b4", "stall": "#9467bd",
           "preemption": "#8c564b", "other": "#bbbbbb"}
 """One color per part of the bar (productive time and each cause)."""

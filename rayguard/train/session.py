@@ -80,6 +80,8 @@ class WorkerSession:
 
     # -- the user-facing calls ---------------------------------------------------------
     def heartbeat(self) -> None:
+        if self.resize_watch is not None:  # a loop that waits without reporting leaves too
+            self.resize_watch()
         self.watchdog.heartbeat()
 
     def should_checkpoint(self) -> bool:

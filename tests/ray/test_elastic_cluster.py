@@ -1,10 +1,15 @@
-"""Elastic training on a simulated multi-node cluster: lose a node, get it back.
+"""Elastic training on a simulated multi-node cluster: lose a node, get it back, resized in
+place (live recovery).
 
 One CPU per node, one worker per node. Global batch 12, micro-batch 2: valid world sizes
 1, 2, 3 (accumulation 6, 3, 2). The run starts on 3 nodes, loses one (continues on 2 with a
 larger accumulation), gets one back (grows to 3). Every rank records the sample ids of each
 micro-batch; across the whole run every id of every epoch is consumed exactly once and every
-optimizer step sees exactly 12 samples.
+optimizer step sees exactly 12 samples. Under ``GuardConfig(recovery="live")`` both resizes
+are made in place: the workers on the nodes that stay keep their processes through both,
+and only the returning node's worker is new. The whole-group restart path of elastic runs
+is run end to end by ``test_sharded_elastic.py`` and ``test_straggler_eviction.py`` and its
+decisions by ``tests/unit/controller/test_harness_elastic.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 import rayguard
 from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 from rayguard.elastic.sampler import epoch_order
+from rayguard.events import events_path
 
 GLOBAL, MICRO, SAMPLES, EPOCHS = 12, 2, 12 * 10, 2
 
@@ -72,7 +78,7 @@ def _loop(config: dict) -> None:
             log.write(json.dumps({"attempt": ctx.attempt, "rank": ctx.rank, "ws": ctx.world_size,
                                   "accum": ctx.grad_accum_steps, "epoch": epoch, "step": step,
                                   "ids": ids, "global": int(seen), "node": ctx.node_id,
-                                  "previous_rank": ctx.previous_rank,
+                                  "previous_rank": ctx.previous_rank, "pid": os.getpid(),
                                   "changed": ctx.world_size_changed}) + "\n")
             log.flush()
             time.sleep(config["step_s"])
@@ -115,7 +121,8 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
                                          elastic_resize_monitor_interval_s=1.0),
             run_config=RunConfig(storage_path=str(tmp_path), name="elastic",
                                  failure_config=FailureConfig(max_failures=4)),
-            guard_config=rayguard.GuardConfig(global_batch_size=GLOBAL, micro_batch_size=MICRO),
+            guard_config=rayguard.GuardConfig(global_batch_size=GLOBAL, micro_batch_size=MICRO,
+                                              recovery="live"),
         )
         thread = cluster.fit_in_background(trainer)
 
@@ -123,14 +130,15 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
             return len({r["step"] for r in _records(str(out)) if r["ws"] == ws and r["step"] > after})
 
         wait_for(lambda: steps_at(3) >= 3, timeout_s=240, what="3 steps on 3 workers")
-        cluster.remove_worker_node()
+        lost = cluster.remove_worker_node()
         wait_for(lambda: steps_at(2) >= 3, timeout_s=240, what="3 steps on 2 workers")
         (tmp_path / "pause").touch()
         cluster.add_worker_node()
         last = max(r["step"] for r in _records(str(out)))
         wait_for(lambda: steps_at(3, after=last) >= 1, timeout_s=240, what="growing back to 3")
-        cluster.join(thread, timeout_s=300)
+        result = cluster.join(thread, timeout_s=300)
 
+    _check_in_place(_records(str(out)), lost, str(events_path(result.path)))
     steps = _committed(_records(str(out)))
     assert list(steps) == list(range(1, SAMPLES // GLOBAL * EPOCHS + 1))
     sizes = []
@@ -154,6 +162,26 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
         assert in_order == epoch_order(SAMPLES, 0, epoch)
 
     _check_context(_records(str(out)))
+
+
+def _check_in_place(rows: list[dict], lost: str, events_file: str) -> None:
+    """Both resizes were made in place: one ``resize`` event each (``path="live"``), no
+    whole-group restart; every node that stayed ran one process through the whole run."""
+    with open(events_file) as f:
+        events = [json.loads(line) for line in f if line.strip()]
+    resizes = [e for e in events if e["kind"] == "resize"]
+    assert [(e["path"], e["direction"], e["old_world_size"], e["new_world_size"])
+            for e in resizes] == [("live", "shrink", 3, 2), ("live", "grow", 2, 3)], resizes
+    assert [e for e in events if e["kind"] == "restart"] == []
+    starts = [e for e in events if e["kind"] == "attempt_started"]
+    assert [e.get("path") for e in starts] == [None, "live", "live"], starts
+    pids: dict[str, set[int]] = defaultdict(set)
+    for r in rows:
+        pids[r["node"]].add(r["pid"])
+    stayed = [node for node in pids if node != lost and any(r["attempt"] == 0 and r["node"] == node
+                                                           for r in rows)]
+    assert len(stayed) == 2 and all(len(pids[node]) == 1 for node in stayed), dict(pids)
+    assert len(pids) == 4  # the lost node's worker and the returning node's are the others
 
 
 def _check_context(rows: list[dict]) -> None:

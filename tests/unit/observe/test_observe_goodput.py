@@ -464,3 +464,23 @@ def test_interval_advice_is_shown_only_after_a_failure_or_a_long_enough_run():
     assert advice_matters(advice(14.0, 1), 60.0)
     assert advice_matters(advice(600.0, 0), 60.0)
     assert not advice_matters(advice(600.0, 1, interval_s=None), 60.0)
+
+
+def test_a_shrink_in_place_is_its_own_cause_not_a_restart():
+    """A lost node's in-place resize (a ``resize`` event with ``path="live"``): the time from
+    the failure to the first step at the new size is ``resize``, the run had no restart, and
+    the headline says the resize."""
+    from rayguard.observe.goodput_table import headline
+
+    events = [e if e["kind"] != "restart" else ev(28, "resize", 0, path="live",
+                                                      direction="shrink", next_attempt=1)
+              for e in kill_with_restore()]
+    g = goodput(events)
+    assert_partition(g)
+    assert (g.restarts, g.resizes) == (0, 1)
+    assert g.badput_s["resize"] == pytest.approx(12) and g.badput_s["restart"] == 0
+    assert g.restart_s == dict.fromkeys(RESTART_PHASES, 0.0)
+    assert g.attempts[1].badput_s["resize"] == pytest.approx(12)
+    assert "0 restarts, 1 resize in place" in headline(g)
+    # the same log with Ray's restart stays a restart
+    assert goodput(kill_with_restore()).resizes == 0
