@@ -217,13 +217,14 @@ class GuardConfig:
 
     recovery: RecoveryMode = "restart"
     """How a failure is recovered. ``"restart"`` (default): Ray Train restarts the whole
-    worker group. ``"live"``: a failed worker of a fixed-size group of 2 or more on Ray's
+    worker group. ``"live"``: a failed worker of a group of 2 or more on Ray's
     ``TorchConfig`` is replaced alone while the others keep their processes and rejoin
-    (elsewhere, an elastic or one-worker run or another backend, the worker group
-    restarts); a NaN/inf (``nan_policy="restart"``) makes every rank agree at that report
-    and re-enter the training function in its own process from the last committed
-    checkpoint (memory tier or disk), in ``rayguard.train.report`` and ``ray.train.report``
-    loops alike. Either is counted like a restart (``FailureConfig(max_failures)``). Live
+    (elsewhere, a one-worker run or another backend, the worker group restarts); an elastic
+    run whose node is lost or returns is resized in place where it can be, the workers that
+    stay keeping their processes (docs/elastic.md); a NaN/inf (``nan_policy="restart"``)
+    makes every rank agree at that report and re-enter the training function in its own
+    process from the last committed checkpoint (memory tier or disk), in
+    ``rayguard.train.report`` and ``ray.train.report`` loops alike. Either is counted like a restart (``FailureConfig(max_failures)``). Live
     recovery is not the default yet: docs/fault-tolerance.md says which cases are not safe."""
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """Elastic training benchmark: the planners at 4096 ranks, and node loss -> first step at the new size.
 
-    .venv/bin/python tests/benchmarks/bench_elastic.py           # planners + one resize trial each
-    .venv/bin/python tests/benchmarks/bench_elastic.py --quick   # planners only
+    .venv/bin/python tests/benchmarks/bench_elastic.py                  # planners + one resize trial each
+    .venv/bin/python tests/benchmarks/bench_elastic.py --modes live     # RobustTrainer under live only
+    .venv/bin/python tests/benchmarks/bench_elastic.py --quick          # planners only
 
 1. Planners on a simulated 4096-rank, 512-node world (8 GPUs per node): the initial rank
    assignment, the remap after 37 nodes are lost and 20 join, and ``valid_world_sizes`` over
@@ -11,7 +12,10 @@
 2. Resize: a 3-node simulated cluster (one CPU, one worker per node), elastic (1, 3); a node is
    removed mid-run and later added back. Reported: seconds from the removal to the first
    completed step on 2 workers, and from the addition to the first step on 3 workers, for plain
-   ``TorchTrainer`` and for ``rayguard.RobustTrainer`` (same loop, a checkpoint every step).
+   ``TorchTrainer`` (the baseline) and for ``rayguard.RobustTrainer`` (same loop, a checkpoint
+   every step) under each of ``--modes`` (``GuardConfig(recovery=)``, default both):
+   ``restart`` restarts the worker group at each resize, ``live`` resizes it in place. Also
+   reported: how many processes rank 0 ran in over the run (1 when every resize kept it).
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from typing import Any
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
+
+MODES = ("restart", "live")
+"""``GuardConfig(recovery=)`` modes a resize trial of ``RobustTrainer`` runs under."""
 
 
 def median_ms(fn: Callable[[], Any], reps: int) -> float:
@@ -72,9 +79,10 @@ def bench_planners(reps: int) -> None:
 # ------------------------------------------------------------------------------------------
 # Resize trial
 # ------------------------------------------------------------------------------------------
-def _log_step(out: str, ws: int, step: int) -> None:
+def _log_step(out: str, ws: int, rank: int, step: int) -> None:
     with open(os.path.join(out, f"{os.getpid()}.jsonl"), "a") as f:
-        f.write(json.dumps({"t": time.time(), "ws": ws, "step": step}) + "\n")
+        f.write(json.dumps({"t": time.time(), "ws": ws, "rank": rank, "pid": os.getpid(),
+                            "step": step}) + "\n")
 
 
 def _stop_step(config: dict) -> float:
@@ -101,7 +109,7 @@ def plain_loop(config: dict) -> None:
     while step < _stop_step(config):
         time.sleep(config["step_s"])
         step += 1
-        _log_step(config["out"], ws, step)
+        _log_step(config["out"], ws, rank, step)
         if rank == 0:
             with tempfile.TemporaryDirectory() as d:
                 with open(os.path.join(d, "s.json"), "w") as f:
@@ -120,7 +128,7 @@ def guarded_loop(config: dict) -> None:
     while step < _stop_step(config):
         time.sleep(config["step_s"])
         step += 1
-        _log_step(config["out"], ctx.world_size, step)
+        _log_step(config["out"], ctx.world_size, ctx.rank, step)
         rayguard.train.report({"step": step}, step=step, state={"step": step} if ctx.rank == 0 else None)
 
 
@@ -132,7 +140,11 @@ def _events(out: str) -> list[dict]:
     return rows
 
 
-def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
+def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int]:
+    """One removal and one addition. ``kind``: ``"ray"`` (plain ``TorchTrainer``) or one of
+    :data:`MODES` (``RobustTrainer`` under that ``GuardConfig(recovery=)``). Returns the
+    seconds from the removal to the first step on 2 workers, from the addition to the first
+    step on 3, and the number of processes rank 0 ran in."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -154,7 +166,8 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
         else:
             trainer = rayguard.RobustTrainer(guarded_loop, train_loop_config=config, scaling_config=scaling,
                                              run_config=run, guard_config=rayguard.GuardConfig(
-                                                 global_batch_size=6, micro_batch_size=1))
+                                                 global_batch_size=6, micro_batch_size=1,
+                                                 recovery=kind))
         thread = cluster.fit_in_background(trainer)
 
         def first_step(ws: int, after: float) -> float | None:
@@ -173,29 +186,58 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float]:
             f.write(str(max(e["step"] for e in _events(out)) + 5))
         os.replace(stop_file + ".tmp", stop_file)
         cluster.join(thread, timeout_s=120)
-    return t_shrunk - t_remove, t_grown - t_add
+    rank0_pids = {e["pid"] for e in _events(out) if e["rank"] == 0}
+    return t_shrunk - t_remove, t_grown - t_add, len(rank0_pids)
+
+
+def print_table(kinds: list[str], results: dict[str, list[tuple[float, float, int]]]) -> None:
+    """The medians of each trainer side by side, with restart/live when both ran."""
+    names = {"ray": "Ray", "restart": "restart", "live": "live"}
+    both = "restart" in kinds and "live" in kinds
+    rows = [("node removed -> first step at 2 workers (s)", 0, ".1f"),
+            ("node added   -> first step at 3 workers (s)", 1, ".1f"),
+            ("processes rank 0 ran in", 2, ".0f")]
+    print("".ljust(46) + "".join(names[k].rjust(10) for k in kinds)
+          + ("restart/live".rjust(14) if both else ""))
+    for label, i, fmt in rows:
+        med = {k: statistics.median(r[i] for r in results[k]) for k in kinds}
+        line = f"  {label:<44}" + "".join(f"{med[k]:10{fmt}}" for k in kinds)
+        if both and i < 2:
+            line += f"{med['restart'] / med['live']:13.1f}x"
+        print(line)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="planners only")
     parser.add_argument("--trials", type=int, default=1, help="resize trials per trainer")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma list of GuardConfig(recovery=) modes RobustTrainer runs "
+                             "under, side by side (restart, live; default both)")
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        parser.error(f"--modes {args.modes!r}: a comma list of {', '.join(MODES)}")
     bench_planners(reps=5 if args.quick else 21)
     if args.quick:
         return 0
-    results: dict[str, list[tuple[float, float]]] = {"ray": [], "rayguard": []}
+    kinds = ["ray", *dict.fromkeys(modes)]
+    results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in kinds}
     for _ in range(args.trials):
-        for kind in results:
+        for kind in kinds:
             results[kind].append(resize_trial(kind))
-            print(f"  trial {kind}: removal -> step on 2: {results[kind][-1][0]:.1f} s, "
-                  f"addition -> step on 3: {results[kind][-1][1]:.1f} s", flush=True)
-    med = {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in results.items()}
+            shrunk, grown, pids = results[kind][-1]
+            print(f"  trial {kind}: removal -> step on 2: {shrunk:.1f} s, addition -> step on 3: "
+                  f"{grown:.1f} s, rank 0 in {pids} process(es)", flush=True)
+    med = {k: (statistics.median(a for a, _, _ in v), statistics.median(b for _, b, _ in v))
+           for k, v in results.items()}
     print(f"resize on a simulated 3-node cluster (median of {args.trials}; shared, loaded machine):")
-    print(f"  node removed -> first step at 2 workers: Ray {med['ray'][0]:6.1f} s, rayguard "
-          f"{med['rayguard'][0]:6.1f} s  ({med['ray'][0] / med['rayguard'][0]:.1f}x faster)")
-    print(f"  node added   -> first step at 3 workers: Ray {med['ray'][1]:6.1f} s, rayguard "
-          f"{med['rayguard'][1]:6.1f} s  ({med['ray'][1] / med['rayguard'][1]:.1f}x faster)")
+    for mode in kinds[1:]:
+        print(f"  node removed -> first step at 2 workers: Ray {med['ray'][0]:6.1f} s, rayguard "
+              f"{mode} {med[mode][0]:6.1f} s  ({med['ray'][0] / med[mode][0]:.1f}x faster)")
+        print(f"  node added   -> first step at 3 workers: Ray {med['ray'][1]:6.1f} s, rayguard "
+              f"{mode} {med[mode][1]:6.1f} s  ({med['ray'][1] / med[mode][1]:.1f}x faster)")
+    print_table(kinds, results)
     return 0
 
 
