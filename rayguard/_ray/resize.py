@@ -18,7 +18,9 @@ Relies on (Ray 2.59 and 2.60): ``TrainController._execute_resize_decision``,
 ``start_time``, ``placement_group_handle``, ``workers``, ``sync_actor``),
 ``_worker_group_context`` (frozen, ``num_workers``), ``_create_workers``,
 ``_init_train_context``, ``_replica_group_callbacks``; ``ReplicaGroup``; a worker's
-``clear_result_queue``; the sync actor's ``reset``.
+``clear_result_queue``; the sync actor's ``reset``; the ``TrainController`` name that
+``ray.train.v2.api.data_parallel_trainer`` starts its controller actor from
+(:func:`started_from`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -34,7 +37,6 @@ import ray
 from rayguard._ray import require_attrs, version_error
 
 try:
-    from ray.train.v2._internal.execution.controller import controller as _controller_mod
     from ray.train.v2._internal.execution.controller.controller import (
         TrainController,
         TrainControllerLoopIterationResult,
@@ -51,8 +53,9 @@ require_attrs(TrainController, ("_execute_resize_decision", "_run_controller_hoo
 
 logger = logging.getLogger("rayguard")
 
-__all__ = ["GuardController", "controller_module", "free_bundles", "grow_group", "place_fields",
-           "reset_barrier", "shrink_group", "start_new", "survivors_cleared"]
+__all__ = ["GuardController", "free_bundles", "grow_group", "place_fields",
+           "reset_barrier", "shrink_group", "start_new", "started_from",
+           "survivors_cleared"]
 
 
 class GuardController(TrainController):
@@ -93,9 +96,21 @@ def _restart(controller: TrainController, decision: Any) -> Any:
         next_state=RunningState())
 
 
-def controller_module() -> Any:
-    """The module whose ``TrainController`` Ray Train's trainer starts."""
-    return _controller_mod
+@contextmanager
+def started_from(cls: type | None) -> Iterator[None]:
+    """While the block runs, Ray Train's trainer starts its controller actor from ``cls``
+    (the ``TrainController`` name its module reads when it starts one)."""
+    if cls is None:
+        yield
+        return
+    from ray.train.v2.api import data_parallel_trainer as module
+
+    saved = module.TrainController
+    setattr(module, "TrainController", cls)  # noqa: B010 - the name Ray's trainer reads
+    try:
+        yield
+    finally:
+        setattr(module, "TrainController", saved)  # noqa: B010
 
 
 def free_bundles(worker_group: Any) -> list[int]:

@@ -392,23 +392,8 @@ class GuardHooksTrainer(TorchTrainer):
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any):
         controller_init_kwargs.update(self.controller_policies())
-        with controller_env(self.controller_env_vars()), \
-                _controller_class(self.controller_class()):
+        from rayguard._ray.resize import started_from
+
+        with controller_env(self.controller_env_vars()), started_from(self.controller_class()):
             return super()._initialize_and_run_controller(**controller_init_kwargs)
 
-
-@contextmanager
-def _controller_class(cls: type | None) -> Iterator[None]:
-    """While the block runs, Ray Train's trainer starts its controller actor from ``cls``
-    (the ``TrainController`` name its module reads when it starts one)."""
-    if cls is None:
-        yield
-        return
-    from ray.train.v2.api import data_parallel_trainer as module
-
-    saved = module.TrainController
-    setattr(module, "TrainController", cls)  # noqa: B010 - the name Ray's trainer reads
-    try:
-        yield
-    finally:
-        setattr(module, "TrainController", saved)  # noqa: B010

@@ -141,12 +141,14 @@ def plan_resize(given: ResizeInput) -> ResizePlan:
     1   not live recovery, or not an elastic run              restart
     2   the running attempt is a live one that failed          restart (its reason)
     3   the same size                                         restart (not a resize)
-    4   shrink: a failed rank's node is not gone               restart
-    5   shrink: fewer survivors than the new size             restart
-    6   shrink                                                keep the lowest survivors
-    7   grow while ranks failed                               restart
-    8   grow past the free bundles                            restart
-    9   grow                                                  keep all, add new ranks
+    4   shrink: no rank failed (the policy left a node out:   restart (off that node)
+        quarantine, straggler eviction)
+    5   shrink: a failed rank's node is not gone               restart
+    6   shrink: fewer survivors than the new size             restart
+    7   shrink                                                keep the lowest survivors
+    8   grow while ranks failed                               restart
+    9   grow past the free bundles                            restart
+    10  grow                                                  keep all, add new ranks
     ==  ====================================================  =======================
     """
     old, new = given.old_world, given.new_world
@@ -164,6 +166,10 @@ def plan_resize(given: ResizeInput) -> ResizePlan:
     if new == old:
         return restart(f"the elastic policy kept {old} workers: not a resize")
     if new < old:
+        if not failed:
+            return restart(f"the elastic policy shrinks {old} -> {new} with no worker lost "
+                           "(a node left out: quarantine or straggler eviction): the group "
+                           "restarts off it")
         if not given.lost_only:
             return restart(f"rank(s) {list(failed)} failed on nodes that are still up: "
                            "not a lost node")

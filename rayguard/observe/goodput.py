@@ -51,9 +51,7 @@ from rayguard.observe.goodput_steps import step_time as _step_time
 
 CAUSES = ("startup", "restart", "resize", "replay", "checkpoint", "stall", "preemption",
           "other")
-"""Every cause of badput, in the order they are shown. ``resize``: an elastic group resized
-in place (:mod:`rayguard.controller.resize`), from the resize to the first step at the new
-size; ``restart`` is every other recovery's, phase by phase."""
+"""Every cause of badput, in the order shown (``resize``: a group resized in place)."""
 
 RESTART_PHASES = ("detection", "teardown", "worker_start", "setup", "load")
 """The phases of a restart, in order; they sum to the ``restart`` cause."""
@@ -363,8 +361,7 @@ def goodput(events: Iterable[dict[str, Any]]) -> Goodput:
                    max(len(attempts) - 1 - resizes, 0), unit, replay_unit, resizes)
 
 
-def _resized_in_place(prev: _Attempt) -> bool:
-    """Whether the attempt after ``prev`` was opened by an in-place resize of ``prev``."""
+def _resized_in_place(prev: _Attempt) -> bool:  # the next attempt is prev's resize
     return any(e.get("kind") == "resize" and e.get("path") == "live" for e in prev.events)
 
 

@@ -71,15 +71,13 @@ class RunCoordinator(MemoryHost):
         live replacement, an in-place rollback); returns it. A ``LIVE`` attempt replaces
         ``replaced`` of the ``failed`` attempt alone: the survivors get their notice
         (:func:`~rayguard.health.live.live_key` of ``failed``, ``detail`` in it) and every
-        wait of ``failed`` is released (its gathers can no longer complete). ``resize``: the
-        attempt resizes the group in place (:mod:`rayguard.elastic.in_place`), said in the
-        notice."""
+        wait of ``failed`` is released. ``RESIZE`` (``resize`` in the notice): the same for
+        a group resized in place (:mod:`rayguard.controller.resize`)."""
         kind = RecoveryKind(kind)
         if kind not in (LIVE, RESIZE):
             return self._attempts.open(kind, replaced=replaced or ())
         if failed is None:
-            raise ValueError(f"open_attempt({kind.name}): name the failed attempt the "
-                             "survivors leave")
+            raise ValueError(f"open_attempt({kind.name}): name the attempt the survivors leave")
         opened = self._attempts.open(kind, replaced=replaced or ())
         notice = {"attempt": opened.number, "ranks": list(opened.replaced),
                   "at": opened.opened_at, "detail": detail,
@@ -273,8 +271,7 @@ class RunCoordinator(MemoryHost):
     def get(self, key: str, default: Any = None) -> Any:
         return self._facts.get(key, default)
 
-    def present(self, keys: list[str]) -> list[str]:
-        """Those of ``keys`` that hold a fact."""
+    def present(self, keys: list[str]) -> list[str]:  # those of ``keys`` that hold a fact
         return [k for k in keys if self._facts.get(k) is not None]
 
     async def wait_fact(self, key: str, timeout_s: float) -> Any:

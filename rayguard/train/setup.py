@@ -37,6 +37,7 @@ from rayguard.train.elastic_setup import apply_elastic, previous_assignment
 from rayguard.train.forwarder import Forwarder
 from rayguard.train.forwarding import ReportForwarding, ray_own_report
 from rayguard.train.live import AttemptSuperseded, keep_spare, release_spare, setup_lost
+from rayguard.train.live import ResizeWatch as resize_watch
 from rayguard.train.memory_tier import MemoryTier
 from rayguard.train.pacing import pacing_for
 from rayguard.train.pinning import bind_numa, pin_cuda
@@ -221,9 +222,7 @@ class GuardedTrainFn:
         self.live = live
         """Live recovery (:mod:`rayguard.train.live`): Ray replaces a failed worker alone and
         the survivors rejoin it in their own processes."""
-        self.elastic = elastic
-        """An elastic run under live recovery: its size changes are made in place where
-        they can be (:mod:`rayguard.controller.resize`); every report watches for one."""
+        self.elastic = elastic  # size changes in place (rayguard.controller.resize)
 
     def __call__(self) -> Any:
         attempt = None  # set when this process rejoins a live recovery
@@ -392,13 +391,9 @@ class GuardedTrainFn:
         preemption = watch_preemption(link, agreement, stop=watchdog.stop,
                                       flush=lambda timeout_s: forwarder.flush(timeout_s=timeout_s))
         forwarding = ReportForwarding(forwarder, store.fs, raw=ray_report.raw_report_of(inner))
-        session = assemble(link, self.guard, watchdog=watchdog, store=store,
-                           agreement=agreement, preemption=preemption, forwarding=forwarding,
-                           faults=faults)
-        if self.live and self.elastic:
-            from rayguard.train.live import ResizeWatch
-
-            session.resize_watch = ResizeWatch(link)
+        session = assemble(link, self.guard, watchdog=watchdog, store=store, agreement=agreement,
+                           preemption=preemption, forwarding=forwarding, faults=faults)
+        session.resize_watch = resize_watch(link) if self.live and self.elastic else None
         return session
 
 

@@ -117,8 +117,11 @@ def test_the_live_backend_is_chosen_only_where_a_worker_can_be_replaced_alone():
     assert config.timeout_s == 77 and config.backend_cls.has_replica_groups
     assert rayguard.GuardConfig().recovery == "restart"  # the default: live is opt-in
     assert not apply_live(rayguard.GuardConfig(), {"scaling_config": ScalingConfig(num_workers=2)})
+    elastic = {"scaling_config": ScalingConfig(num_workers=(1, 2))}
+    assert apply_live(live, elastic)  # its size changes are made in place where they can be
+    assert isinstance(elastic["torch_config"], LiveTorchConfig)
     for kwargs in ({"scaling_config": ScalingConfig(num_workers=1)},
-                   {"scaling_config": ScalingConfig(num_workers=(1, 2))},
+                   {"scaling_config": ScalingConfig(num_workers=(1, 1))},
                    {"scaling_config": ScalingConfig(num_workers=2),
                     "torch_config": LiveTorchConfig()}):
         before = dict(kwargs)
