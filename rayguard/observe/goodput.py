@@ -49,8 +49,7 @@ from rayguard.observe.goodput_steps import number as _num
 from rayguard.observe.goodput_steps import span_step_time as _span_step_time
 from rayguard.observe.goodput_steps import step_time as _step_time
 
-CAUSES = ("startup", "restart", "resize", "replay", "checkpoint", "stall", "preemption",
-          "other")
+CAUSES = ("startup", "restart", "resize", "replay", "checkpoint", "stall", "preemption", "other")
 """Every cause of badput, in the order shown (``resize``: a group resized in place)."""
 
 RESTART_PHASES = ("detection", "teardown", "worker_start", "setup", "load")

@@ -67,21 +67,17 @@ class RunCoordinator(MemoryHost):
     def open_attempt(self, kind: RecoveryKind | str, failed: int | None = None,
                      replaced: list[int] | None = None, detail: str = "",
                      resize: dict[str, Any] | None = None) -> Attempt:
-        """Open the run's next attempt (the one place that does: a whole group's start, a
-        live replacement, an in-place rollback); returns it. A ``LIVE`` attempt replaces
-        ``replaced`` of the ``failed`` attempt alone: the survivors get their notice
-        (:func:`~rayguard.health.live.live_key` of ``failed``, ``detail`` in it) and every
-        wait of ``failed`` is released. ``RESIZE`` (``resize`` in the notice): the same for
-        a group resized in place (:mod:`rayguard.controller.resize`)."""
-        kind = RecoveryKind(kind)
-        if kind not in (LIVE, RESIZE):
+        """Open the run's next attempt (its one opener); returns it. ``LIVE`` replaces
+        ``replaced`` of ``failed`` alone, ``RESIZE`` resizes the group in place (``resize``:
+        :mod:`rayguard.controller.resize`): the survivors get their notice (``live_key`` of
+        ``failed``, with ``detail``) and every wait of ``failed`` is released."""
+        if (kind := RecoveryKind(kind)) not in (LIVE, RESIZE):
             return self._attempts.open(kind, replaced=replaced or ())
         if failed is None:
-            raise ValueError(f"open_attempt({kind.name}): name the attempt the survivors leave")
+            raise ValueError(f"open_attempt({kind.name}): name the failed attempt to leave")
         opened = self._attempts.open(kind, replaced=replaced or ())
         notice = {"attempt": opened.number, "ranks": list(opened.replaced),
-                  "at": opened.opened_at, "detail": detail,
-                  **({"resize": resize} if resize else {})}
+                  "at": opened.opened_at, "detail": detail, **({"resize": resize} if resize else {})}
         self._facts.put(live_key(failed), notice)
         self._facts.put(opened_key(opened.number), notice)
         self._gathers.release(f"a{failed}:")

@@ -220,8 +220,7 @@ class GuardedTrainFn:
         """The run's restart budget (``FailureConfig(max_failures)``; -1: unlimited): it
         bounds the in-place rollbacks too."""
         self.live = live
-        """Live recovery (:mod:`rayguard.train.live`): Ray replaces a failed worker alone and
-        the survivors rejoin it in their own processes."""
+        """Live recovery (:mod:`rayguard.train.live`): the survivors keep their processes."""
         self.elastic = elastic  # size changes in place (rayguard.controller.resize)
 
     def __call__(self) -> Any:
