@@ -139,12 +139,9 @@ def take_place(link: RunLink, attempt: int, wait_s: float) -> bool:
 def apply_place(place: dict[str, int]) -> None:
     """This process's place in a resized group: Ray Train's context (what
     ``ray.train.get_context()`` answers) and the torch variables Ray sets."""
-    import dataclasses
+    from rayguard._ray.context import set_distributed_place
 
-    from ray.train.v2._internal.execution.context import get_train_context
-
-    train_ctx = get_train_context()
-    train_ctx.distributed_context = dataclasses.replace(train_ctx.distributed_context, **place)
+    set_distributed_place(place)
     os.environ.update({"RANK": str(place["world_rank"]), "WORLD_SIZE": str(place["world_size"]),
                        "LOCAL_RANK": str(place["local_rank"]),
                        "LOCAL_WORLD_SIZE": str(place["local_world_size"]),
