@@ -118,11 +118,14 @@ def test_the_live_backend_is_chosen_only_where_a_worker_can_be_replaced_alone():
     assert rayguard.GuardConfig().recovery == "restart"  # the default: live is opt-in
     assert not apply_live(rayguard.GuardConfig(), {"scaling_config": ScalingConfig(num_workers=2)})
     for kwargs in ({"scaling_config": ScalingConfig(num_workers=1)},
-                   {"scaling_config": ScalingConfig(num_workers=(1, 2))},
+                   {"scaling_config": ScalingConfig(num_workers=(1, 1))},
                    {"scaling_config": ScalingConfig(num_workers=2),
                     "torch_config": LiveTorchConfig()}):
         before = dict(kwargs)
         assert not apply_live(live, kwargs) and kwargs == before
+    # an elastic run that may hold 2 or more is live too: its size changes resize in place
+    elastic = {"scaling_config": ScalingConfig(num_workers=(1, 2))}
+    assert apply_live(live, elastic) and isinstance(elastic["torch_config"], LiveTorchConfig)
 
 
 class _Poll:
