@@ -129,13 +129,23 @@ def take_place(link: RunLink, attempt: int, wait_s: float) -> bool:
     if place is None:
         raise PeersLostError(f"rank {ctx.rank}: no place in the group resized for attempt "
                              f"{attempt}; this worker stops")
-    from rayguard._ray.place import apply_place
-
     apply_place(place)
     logger.warning("rayguard: rank %s keeps its process as rank %s of %s (attempt %s, "
                    "resized in place)", ctx.rank, place["world_rank"], place["world_size"],
                    attempt)
     return True
+
+
+def apply_place(place: dict[str, int]) -> None:
+    """This process's place in a resized group: Ray Train's context (what
+    ``ray.train.get_context()`` answers) and the torch variables Ray sets."""
+    from rayguard._ray.context import set_distributed_place
+
+    set_distributed_place(place)
+    os.environ.update({"RANK": str(place["world_rank"]), "WORLD_SIZE": str(place["world_size"]),
+                       "LOCAL_RANK": str(place["local_rank"]),
+                       "LOCAL_WORLD_SIZE": str(place["local_world_size"]),
+                       "NODE_RANK": str(place["node_rank"])})
 
 
 class AttemptSuperseded(Exception):
@@ -342,8 +352,8 @@ def record_rejoined(link: RunLink, *, replacement: bool, setup_start_time: float
                 ranks=notice.get("ranks"), **({} if spare is None else {"spare": spare}))
 
 
-__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "ResizeWatch", "take_place",
-           "setup_lost", "await_notice", "leave_broken_group", "leave_group", "peer_lost", "pg_settings", "rejoin_attempt",
+__all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "ResizeWatch", "apply_place",
+           "take_place", "setup_lost", "await_notice", "leave_broken_group", "leave_group", "peer_lost", "pg_settings", "rejoin_attempt",
            "record_rejoined", "rendezvous"]
 
 

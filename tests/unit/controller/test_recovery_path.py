@@ -236,3 +236,75 @@ def test_a_replacement_that_finds_a_second_worker_dead_restarts_the_group(coordi
     other = ControllerError(RuntimeError("a bug in a callback"))
     assert GuardFailurePolicy(FailureConfig(max_failures=2), coordinator).make_decision(
         other) == FailureDecision.RAISE
+
+
+# -- an elastic run under live recovery: a lost node's shrink is a resize ---------------------
+@pytest.fixture
+def elastic(coordinator, monkeypatch) -> RayGuardCallback:
+    """Live recovery on an elastic run: 16 ranks, 4 a node."""
+    monkeypatch.setattr(ray, "nodes", lambda: [
+        {"NodeID": f"node{i}", "Alive": True, "Resources": {"CPU": 4.0}} for i in range(4)])
+    callback = RayGuardCallback(coordinator, mode=LIVE, elastic=True)
+    callback.before_worker_group_start(None)
+    workers = [SimpleNamespace(metadata=SimpleNamespace(node_id=f"node{r // 4}"))
+               for r in range(WORLD)]
+    callback.after_worker_group_start(SimpleNamespace(get_workers=lambda: workers))
+    return callback
+
+
+def lose_node2(monkeypatch) -> None:
+    monkeypatch.setattr(ray, "nodes", lambda: [
+        {"NodeID": f"node{i}", "Alive": i != 2, "Resources": {}} for i in range(4)])
+
+
+def test_an_elastic_live_run_plans_a_lost_nodes_shrink_as_a_resize(
+        elastic, coordinator, events, monkeypatch) -> None:
+    assert elastic.resizer is not None
+    lose_node2(monkeypatch)
+    status = poll({8: ActorDiedError(), 9: ActorDiedError()})
+    elastic.after_worker_group_poll_status(status)
+    # the survivors are not failed: the elastic policy's size change comes next
+    assert sorted(status.errors) == [8, 9]
+    elastic.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert elastic._shrink == frozenset({8, 9})
+    assert restarts(events) == []  # the resize records its own event
+    assert coordinator.target.attempt() == 0 and coordinator.target.get(live_key(0)) is None
+    group = SimpleNamespace(get_workers=lambda: list(range(WORLD)))
+    assert elastic.wants_resize(group, 14)
+    assert elastic.wants_resize(group, WORLD)  # the shrink is pending, whatever the size
+
+
+def test_a_fixed_size_live_run_still_restarts_for_a_lost_node(
+        live, coordinator, events, monkeypatch) -> None:
+    assert live.resizer is None
+    lose_node2(monkeypatch)
+    status = poll({9: ActorDiedError()})
+    live.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == list(range(WORLD))  # every worker failed: a restart
+    live.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    (restart,) = restarts(events)
+    assert "path" not in restart and "node(s) node2 of rank(s) [9] lost" in restart["fallback"]
+    assert live._shrink is None
+
+
+def test_elastic_without_live_recovery_has_no_resizer(coordinator) -> None:
+    assert RayGuardCallback(coordinator, elastic=True).resizer is None
+    assert RayGuardCallback(coordinator, mode="replica_group", elastic=True).resizer is None
+    assert RayGuardCallback(coordinator, mode=LIVE, elastic=False).resizer is None
+    resizer = RayGuardCallback(coordinator, mode=LIVE, elastic=True, live_wait_s=7.5).resizer
+    assert resizer is not None and resizer.wait_s == 7.5 and resizer.coordinator is coordinator
+
+
+def test_a_lost_node_in_an_unsettled_live_attempt_restarts_the_elastic_group(
+        elastic, coordinator, events, monkeypatch) -> None:
+    kill_rank_11(elastic)  # rank 11 replaced alone: live attempt 1, not yet committed
+    assert restarts(events)[-1]["path"] == "live"
+    lose_node2(monkeypatch)
+    status = poll({9: ActorDiedError()})
+    elastic.after_worker_group_poll_status(status)
+    assert sorted(status.errors) == list(range(WORLD))
+    elastic.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    fallback = restarts(events)[-1]
+    assert "path" not in fallback and fallback["attempt"] == 1
+    assert "live attempt 1 (rank(s) [11] replaced) failed" in fallback["fallback"]
+    assert elastic._shrink is None

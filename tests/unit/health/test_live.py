@@ -126,6 +126,9 @@ def test_the_live_backend_is_chosen_only_where_a_worker_can_be_replaced_alone():
                     "torch_config": LiveTorchConfig()}):
         before = dict(kwargs)
         assert not apply_live(live, kwargs) and kwargs == before
+    # an elastic run that may hold 2 or more is live too: its size changes resize in place
+    elastic = {"scaling_config": ScalingConfig(num_workers=(1, 2))}
+    assert apply_live(live, elastic) and isinstance(elastic["torch_config"], LiveTorchConfig)
 
 
 class _Poll:

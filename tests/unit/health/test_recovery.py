@@ -11,6 +11,7 @@ import pytest
 from rayguard.health.recovery import (
     LIVE,
     REPLICA_GROUP,
+    RESIZE,
     RESTART,
     ROLLBACK,
     LiveAttempt,
@@ -48,16 +49,32 @@ CASES = [
      {"live_attempt": SETTLED}, RESTART, EVERY, "every rank failed"),
     ("5 every rank failed, torchft: no fallback", range(W), REPLICA_GROUP, {}, RESTART, EVERY,
      None),
-    ("6 a lost node", {2}, LIVE, {"lost_nodes": ["f96b8a0123456789"]}, RESTART, EVERY,
+    ("6 elastic, a lost node resizes", {2, 3}, LIVE,
+     {"lost_nodes": ["f96b8a0123456789"], "elastic": True}, RESIZE, (2, 3), None),
+    ("6 elastic, after a settled live attempt", {2}, LIVE,
+     {"lost_nodes": ["n"], "elastic": True, "live_attempt": SETTLED}, RESIZE, (2,), None),
+    ("4 before 6: an unsettled live attempt of an elastic run", {2}, LIVE,
+     {"lost_nodes": ["n"], "elastic": True, "live_attempt": UNSETTLED}, RESTART, EVERY,
+     "live attempt 1"),
+    ("5 before 6: every rank of an elastic run failed", range(W), LIVE,
+     {"lost_nodes": ["n"], "elastic": True}, RESTART, EVERY, "every rank failed"),
+    ("6 elastic needs a lost node", {2}, LIVE, {"elastic": True}, LIVE, (2,), None),
+    ("6 elastic needs live recovery", {2}, REPLICA_GROUP,
+     {"lost_nodes": ["n"], "elastic": True}, REPLICA_GROUP, (2,), None),
+    ("6 elastic needs live recovery, restart mode", {2}, RESTART,
+     {"lost_nodes": ["n"], "elastic": True}, RESTART, EVERY, None),
+    ("7 a lost node", {2}, LIVE, {"lost_nodes": ["f96b8a0123456789"]}, RESTART, EVERY,
      "node(s) f96b8a012345 of rank(s) [2] lost"),
-    ("7 replica groups, a lost node is Ray's", {2}, REPLICA_GROUP, {"lost_nodes": ["n"]},
+    ("7 a lost node, not elastic said so", {2}, LIVE,
+     {"lost_nodes": ["n"], "elastic": False}, RESTART, EVERY, "node(s) n of rank(s) [2] lost"),
+    ("8 replica groups, a lost node is Ray's", {2}, REPLICA_GROUP, {"lost_nodes": ["n"]},
      REPLICA_GROUP, (2,), None),
-    ("7 replica groups, a live attempt is no matter", {2, 0}, REPLICA_GROUP,
+    ("8 replica groups, a live attempt is no matter", {2, 0}, REPLICA_GROUP,
      {"live_attempt": UNSETTLED}, REPLICA_GROUP, (0, 2), None),
-    ("8 live", {11}, LIVE, {}, LIVE, (11,), None),
-    ("8 live again after a settled attempt", {4}, LIVE, {"live_attempt": SETTLED}, LIVE, (4,),
+    ("9 live", {11}, LIVE, {}, LIVE, (11,), None),
+    ("9 live again after a settled attempt", {4}, LIVE, {"live_attempt": SETTLED}, LIVE, (4,),
      None),
-    ("8 a plain string mode", {4}, "live", {}, LIVE, (4,), None),
+    ("9 a plain string mode", {4}, "live", {}, LIVE, (4,), None),
 ]
 
 
@@ -91,6 +108,9 @@ def test_the_restart_events_fields_come_from_the_path() -> None:
     assert fallback.event_fields() == {"fallback": fallback.reason}
     in_place = plan_recovery_path((), W, mode=LIVE, in_place=True)
     assert in_place.event_fields() == {"path": "in_place"}
+    resize = plan_recovery_path({2}, W, mode=LIVE, lost_nodes=["n"], elastic=True)
+    assert resize.event_fields() == {"path": "resize"}  # its own resize event says the rest
+    assert not resize.alone and "elastic policy chooses the new size" in resize.reason
     assert all(type(v) is not RecoveryKind for v in live.event_fields().values())
 
 

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from rayguard.health.live import live_key, opened_key
-from rayguard.health.recovery import LIVE, RESTART, ROLLBACK
+from rayguard.health.recovery import LIVE, REPLICA_GROUP, RESIZE, RESTART, ROLLBACK
 from rayguard.run.attempts import Attempt, Attempts
 from rayguard.run.coordinator import RunCoordinator
 
@@ -37,6 +37,57 @@ def test_only_a_live_attempt_replaces_ranks() -> None:
     with pytest.raises(ValueError, match="'sideways'"):
         attempts.open("sideways")
     assert attempts.latest is None  # a refused opening opens nothing
+
+
+def test_a_resize_attempt_drops_ranks_or_none() -> None:
+    attempts = Attempts()
+    attempts.open(RESTART, now=1.0)
+    shrink = attempts.open(RESIZE, replaced=[7, 6, 2, 6], now=2.0)
+    grow = attempts.open("resize", now=3.0)
+    assert shrink == Attempt(1, RESIZE, (2, 6, 7), 2.0)
+    assert grow == Attempt(2, RESIZE, (), 3.0)  # a grow drops no rank
+    assert attempts.latest == grow and attempts.current == 2
+    assert pickle.loads(pickle.dumps(shrink)) == shrink
+
+
+@pytest.mark.parametrize("kind", [RESTART, ROLLBACK, REPLICA_GROUP])
+def test_other_kinds_still_refuse_replaced_ranks(kind) -> None:
+    attempts = Attempts()
+    with pytest.raises(ValueError, match="only a live attempt replaces ranks alone"):
+        attempts.open(kind, replaced=[1])
+    assert attempts.latest is None
+
+
+def test_the_coordinator_opens_a_resize_with_its_notice(tmp_path) -> None:
+    c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    c.open_attempt(RESTART)
+    resize = {"old_world_size": 4, "world_size": 3, "direction": "shrink"}
+    opened = c.open_attempt(RESIZE, 0, [3], "resized in place", resize)
+    assert (opened.number, opened.kind, opened.replaced) == (1, RESIZE, (3,))
+    notice = c.get(live_key(0))
+    assert notice == c.get(opened_key(1)) == {"attempt": 1, "ranks": [3], "at": opened.opened_at,
+                                              "detail": "resized in place", "resize": resize}
+    grow = c.open_attempt(RESIZE, 1, [], "grown", {"old_world_size": 3, "world_size": 4})
+    assert grow.replaced == () and c.get(live_key(1))["resize"]["world_size"] == 4
+    with pytest.raises(ValueError, match=r"open_attempt\(RESIZE\): name the failed attempt"):
+        c.open_attempt(RESIZE, None, [1])
+    assert c.latest_attempt() == grow
+
+
+def test_a_live_notice_says_no_resize(tmp_path) -> None:
+    c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    c.open_attempt(RESTART)
+    c.open_attempt(LIVE, 0, [2], "rank 2 replaced", {})  # an empty resize is none
+    assert "resize" not in c.get(live_key(0))
+
+
+def test_present_says_which_facts_are_there(tmp_path) -> None:
+    c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    c.put("resize:left:0:1", True)
+    c.put("resize:left:0:3", {"at": 1})
+    assert c.present(["resize:left:0:0", "resize:left:0:1", "resize:left:0:3"]) == [
+        "resize:left:0:1", "resize:left:0:3"]
+    assert c.present([]) == []
 
 
 def test_the_coordinator_opens_every_kind_through_its_owner(tmp_path) -> None:
