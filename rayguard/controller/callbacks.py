@@ -342,6 +342,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         event)."""
         assert self.resizer is not None
         shrink, self._shrink = self._shrink, None
+        if shrink is None and new_world < len(worker_group.get_workers()):
+            shrink = self._ranks_off(worker_group)  # the policy saw the loss before a poll
         committed = self._committed()
         opened = self.resizer.resize(worker_group, new_world, attempt=self._attempt,
                                      failed=shrink or frozenset(), on_placed=on_placed)
@@ -351,6 +353,17 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._live = (opened, committed)
         self._nodes = group_nodes(worker_group)
         return True
+
+    def _ranks_off(self, worker_group: Any) -> frozenset[int]:
+        """Ranks of the running group on nodes that are gone or quarantined (empty: the
+        elastic policy shrinks for another reason, and the group restarts)."""
+        try:
+            alive = set(alive_node_resources())
+            fenced = set(self.fence(fresh=True)) if self.fence is not None else set()
+        except Exception:
+            return frozenset()
+        return frozenset(r for r, node in enumerate(group_nodes(worker_group))
+                         if node not in alive or node in fenced)
 
     def _lost_nodes(self) -> list[str]:
         """The nodes of failed ranks that are gone (Ray's one-worker replacement would wait

@@ -141,8 +141,8 @@ def plan_resize(given: ResizeInput) -> ResizePlan:
     1   not live recovery, or not an elastic run              restart
     2   the running attempt is a live one that failed          restart (its reason)
     3   the same size                                         restart (not a resize)
-    4   shrink: no rank failed (the policy left a node out:   restart (off that node)
-        quarantine, straggler eviction)
+    4   shrink: no rank failed, none on a lost or            restart
+        quarantined node (the controller's ``failed``)
     5   shrink: a failed rank's node is not gone               restart
     6   shrink: fewer survivors than the new size             restart
     7   shrink                                                keep the lowest survivors
@@ -167,9 +167,8 @@ def plan_resize(given: ResizeInput) -> ResizePlan:
         return restart(f"the elastic policy kept {old} workers: not a resize")
     if new < old:
         if not failed:
-            return restart(f"the elastic policy shrinks {old} -> {new} with no worker lost "
-                           "(a node left out: quarantine or straggler eviction): the group "
-                           "restarts off it")
+            return restart(f"the elastic policy shrinks {old} -> {new} with no worker on a "
+                           "lost or quarantined node: the group restarts")
         if not given.lost_only:
             return restart(f"rank(s) {list(failed)} failed on nodes that are still up: "
                            "not a lost node")
