@@ -228,22 +228,18 @@ def set_group_local_ranks(workers: Sequence[Any]) -> dict[int, Any]:
     local world size and node rank it has among all the group's workers, as Ray computes
     them without replica groups (grouped by node IP); returns each world rank's context.
     Ray computes them per replica group, so a group of one-worker replica groups (live
-    recovery) would have every rank at local rank 0: every worker on one GPU."""
+    recovery) would have every rank at local rank 0: every worker on one GPU. The arithmetic
+    is :func:`rayguard.elastic.in_place.places`' (a resize in place uses it too)."""
     import dataclasses
-    from collections import Counter
 
-    nodes = [w.metadata.node_ip for w in workers]
-    sizes = Counter(nodes)
-    order: dict[str, int] = {}
-    seen: dict[str, int] = {}
+    from rayguard.elastic.in_place import places
+
     contexts = {}
-    for worker, node in zip(workers, nodes, strict=True):
-        order.setdefault(node, len(order))
-        local = seen.get(node, 0)
-        seen[node] = local + 1
+    for worker, place in zip(workers, places([w.metadata.node_ip for w in workers]),
+                             strict=True):
         worker.distributed_context = dataclasses.replace(
-            worker.distributed_context, local_rank=local, local_world_size=sizes[node],
-            node_rank=order[node])
+            worker.distributed_context, local_rank=place.local_rank,
+            local_world_size=place.local_world_size, node_rank=place.node_rank)
         contexts[worker.distributed_context.world_rank] = worker.distributed_context
     return contexts
 

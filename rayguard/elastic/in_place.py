@@ -18,9 +18,10 @@ Everything else restarts the whole group, as Ray's elastic policy does, and the 
 recorded: a size the survivors cannot fill alone, a grow past the group's free bundles, a
 failure that is not a lost node, a second loss in the resize's own attempt.
 
-The controller applies the plan (:mod:`rayguard._ray.resize`); the workers read it from the
-run coordinator's notice (:meth:`ResizePlan.notice`) and take their new place before they
-set up again (:mod:`rayguard.train.live`).
+The controller carries the plan out (:mod:`rayguard.controller.resize` over
+:mod:`rayguard._ray.resize`); the kept workers learn of it from the run coordinator's notice
+(:func:`is_resize`), take their new place (:func:`places`' arithmetic) and set up again in
+their own processes (:mod:`rayguard.train.live`).
 """
 
 from __future__ import annotations

@@ -218,3 +218,23 @@ def record_step(log: str, step: int) -> None:
     with open(log, "a") as f:
         f.write(json.dumps({"rank": ctx.rank, "attempt": ctx.attempt, "pid": os.getpid(),
                             "step": step}) + "\n")
+
+
+def assert_kill_recovered(run_dir: str, log: str, attempt: int, restored: int, *,
+                          fallback: bool) -> None:
+    """Attempt ``attempt`` ended with rank 1's death, recovered live; the next attempt
+    restored the checkpoint of step ``restored`` (``fallback``: not the newest) and ran from
+    the step after it."""
+    assert per_attempt(run_dir, "worker_died", "rank")[attempt] == [1]
+    assert per_attempt(run_dir, "restart", "cause", "path")[attempt] == [("kill", "live")]
+    assert per_attempt(run_dir, "restored", "step", "fallback")[attempt + 1] == [
+        (restored, fallback)]
+    assert starts_by_attempt(log)[attempt + 1] == restored + 1
+
+
+def assert_rejected_once(run_dir: str, damaged: str, attempt: int) -> None:
+    """``damaged`` was rejected once, by ``attempt``, and the run's rejection list names it."""
+    assert per_attempt(run_dir, "checkpoint_rejected", "path") == {attempt: [damaged]}
+    assert rejected_names(run_dir) == [os.path.basename(damaged)]
+    rejected = Path(run_dir, "rayguard_rejected.json").read_text()
+    assert os.path.basename(damaged) in rejected

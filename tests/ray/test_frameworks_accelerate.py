@@ -208,12 +208,7 @@ def test_the_faults_run_finishes_every_step(faults):
 
 def test_kill_1_replaces_the_killed_rank_and_resumes_after_the_newest_checkpoint(faults):
     """Attempt 0 ends with rank 1's death at step 12; attempt 1 resumes from step 10."""
-    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[0] == [1]
-    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[0] == [
-        ("kill", "live")]
-    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[1] == [
-        (10, False)]
-    assert common.starts_by_attempt(faults.log)[1] == 11
+    common.assert_kill_recovered(faults.run_dir, faults.log, 0, 10, fallback=False)
 
 
 def test_kill_2_skips_the_damaged_newest_checkpoint_for_the_one_before(faults):
@@ -221,16 +216,8 @@ def test_kill_2_skips_the_damaged_newest_checkpoint_for_the_one_before(faults):
     attempt 2 rejects it and resumes from step 15."""
     damaged = faults.damaged()
     assert json.loads(Path(damaged, STEP_FILE).read_text())["step"] == 20
-    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[1] == [1]
-    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[1] == [
-        ("kill", "live")]
-    assert common.per_attempt(faults.run_dir, "checkpoint_rejected", "path") == {2: [damaged]}
-    assert common.rejected_names(faults.run_dir) == [os.path.basename(damaged)]
-    rejected = Path(faults.run_dir, "rayguard_rejected.json").read_text()
-    assert os.path.basename(damaged) in rejected
-    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[2] == [
-        (15, True)]
-    assert common.starts_by_attempt(faults.log)[2] == 16
+    common.assert_rejected_once(faults.run_dir, damaged, 2)
+    common.assert_kill_recovered(faults.run_dir, faults.log, 1, 15, fallback=True)
 
 
 def test_a_nan_loss_in_an_accelerate_loop_is_rolled_back_in_place(faults):

@@ -187,12 +187,7 @@ def test_the_faults_run_finishes_every_epoch(faults):
 def test_kill_1_replaces_the_killed_rank_and_resumes_after_the_newest_checkpoint(faults):
     """Attempt 0 ends with rank 1's death in epoch 2; attempt 1 resumes from the end of
     epoch 1."""
-    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[0] == [1]
-    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[0] == [
-        ("kill", "live")]
-    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[1] == [
-        (2 * BATCHES, False)]
-    assert common.starts_by_attempt(faults.log)[1] == 2 * BATCHES + 1
+    common.assert_kill_recovered(faults.run_dir, faults.log, 0, 2 * BATCHES, fallback=False)
 
 
 def test_kill_2_skips_the_damaged_newest_checkpoint_for_the_one_before(faults):
@@ -202,16 +197,8 @@ def test_kill_2_skips_the_damaged_newest_checkpoint_for_the_one_before(faults):
     committed = {e["path"]: e["step"] for e in common.events(faults.run_dir)
                  if e["kind"] == "checkpoint_committed"}
     assert committed[damaged] == 4 * BATCHES  # the end of epoch 3
-    assert common.per_attempt(faults.run_dir, "worker_died", "rank")[1] == [1]
-    assert common.per_attempt(faults.run_dir, "restart", "cause", "path")[1] == [
-        ("kill", "live")]
-    assert common.per_attempt(faults.run_dir, "checkpoint_rejected", "path") == {2: [damaged]}
-    assert common.rejected_names(faults.run_dir) == [os.path.basename(damaged)]
-    rejected = Path(faults.run_dir, "rayguard_rejected.json").read_text()
-    assert os.path.basename(damaged) in rejected
-    assert common.per_attempt(faults.run_dir, "restored", "step", "fallback")[2] == [
-        (3 * BATCHES, True)]
-    assert common.starts_by_attempt(faults.log)[2] == 3 * BATCHES + 1
+    common.assert_rejected_once(faults.run_dir, damaged, 2)
+    common.assert_kill_recovered(faults.run_dir, faults.log, 1, 3 * BATCHES, fallback=True)
 
 
 def test_a_nan_loss_in_a_lightning_loop_is_rolled_back_in_place(faults):
