@@ -52,6 +52,7 @@ class RunLink(MemoryCalls):
         """Whether this worker gathers with no peer: it is its own replica group (Ray's
         ``TorchftConfig``), which Ray replaces on its own while the others run on, so a
         gather with the others could never complete for a replacement."""
+        self._polls: dict[str, FactPoll] = {}  # shared by this link's copies (feeding)
 
     @property
     def peers(self) -> int:
@@ -305,8 +306,11 @@ class RunLink(MemoryCalls):
 
         return self.fact_poll(open_key(self.ctx.attempt))
 
-    def fact_poll(self, key: str) -> FactPoll:  # a non-blocking watch of the fact ``key``
-        return FactPoll(self._near, key, hold_s=self.timeouts.hold_s)
+    def fact_poll(self, key: str) -> FactPoll:
+        """A non-blocking watch of the fact ``key``, one per key whoever asks (a rank)."""
+        if key not in self._polls:
+            self._polls[key] = FactPoll(self._near, key, hold_s=self.timeouts.hold_s)
+        return self._polls[key]
 
 
 class NullLink(NullMemoryCalls, RunLink):
