@@ -124,8 +124,9 @@ class InPlaceResizer:
         deadline = time.monotonic() + self.wait_s
         reset_at = time.monotonic() + BARRIER_RESET_EVERY_S
         while True:
-            present = ray.get(self.coordinator.present.remote(keys), timeout=30)
-            if len(present) == len(keys):
+            keys = sorted(set(keys) - set(ray.get(self.coordinator.present.remote(keys),
+                                                  timeout=30)))  # ask only for the rest
+            if not keys:
                 return True
             now = time.monotonic()
             if now >= deadline:
