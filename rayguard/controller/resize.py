@@ -154,8 +154,7 @@ class InPlaceResizer:
             fields["next_attempt"] = opened
         if phases:
             fields["phases"] = phases
-        self.coordinator.record.remote(make_event("resize", text, **fields))
-        (logger.warning if plan.in_place else logger.info)("rayguard: %s", text)
+        self.coordinator.record.remote(make_event("resize", text, **fields))  # the console's line
 
 
 __all__ = ["BARRIER_RESET_EVERY_S", "InPlaceResizer", "go_key", "left_key"]

@@ -130,9 +130,8 @@ def take_place(link: RunLink, attempt: int, wait_s: float) -> bool:
         raise PeersLostError(f"rank {ctx.rank}: no place in the group resized for attempt "
                              f"{attempt}; this worker stops")
     apply_place(place)
-    logger.warning("rayguard: rank %s keeps its process as rank %s of %s (attempt %s, "
-                   "resized in place)", ctx.rank, place["world_rank"], place["world_size"],
-                   attempt)
+    logger.debug("rayguard: rank %s keeps its process as rank %s of %s (attempt %s, resized in "
+                 "place)", ctx.rank, place["world_rank"], place["world_size"], attempt)
     return True
 
 
