@@ -62,10 +62,10 @@ def rejoin_attempt(link: RunLink, exc: BaseException, wait_s: float) -> int | No
     if not decision.rejoin:
         logger.info("rayguard: rank %s raises: %s", ctx.rank, decision.reason)
         return None
-    logger.warning("rayguard: rank %s keeps its process: rank(s) %s of attempt %s are "
-                   "replaced; rejoining in attempt %s (after %s: %s)", ctx.rank,
-                   list(decision.replaced), ctx.attempt, decision.attempt,
-                   type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+    logger.debug("rayguard: rank %s keeps its process: rank(s) %s of attempt %s leave; "  # the
+                 "rejoining in attempt %s (after %s: %s)", ctx.rank,  # restart/resize event
+                 list(decision.replaced), ctx.attempt, decision.attempt,  # says it once
+                 type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
     return decision.attempt
 
 
