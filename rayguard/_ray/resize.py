@@ -191,15 +191,19 @@ def shrink_group(worker_group: Any, keep: Sequence[int]) -> None:
     _set_workers(worker_group, new_workers, [groups[r] for r in keep])
 
 
-def grow_group(worker_group: Any, bundles: Sequence[int], wait_s: float) -> list[Any]:
+def grow_group(worker_group: Any, bundles: Sequence[int], wait_s: float,
+               phases: dict[str, float] | None = None) -> list[Any]:
     """Start one worker actor at each placement-group bundle of ``bundles`` (new ranks after
     the running ones) once the placement group holds them (up to ``wait_s``), and give every
     worker its place in the grown group. Returns the new workers (their training function is
     started by :func:`start_new`). Raises where Ray does (a bundle not placed in time:
-    ``GetTimeoutError``)."""
+    ``GetTimeoutError``). ``phases``: filled with ``placed_s`` (the wait for the bundles) and
+    ``workers_s`` (the new actors up)."""
     state = worker_group._worker_group_state
     pg = state.placement_group_handle.placement_group
+    began = time.monotonic()
     ray.get(pg.ready(), timeout=wait_s)
+    placed = time.monotonic()
     old = list(worker_group.get_workers())
     context = worker_group._worker_group_context
     new = worker_group._create_workers(
@@ -212,6 +216,8 @@ def grow_group(worker_group: Any, bundles: Sequence[int], wait_s: float) -> list
         ReplicaGroup([w], context.resources_per_worker, worker_group._replica_group_callbacks)
         for w in new]
     _set_workers(worker_group, old + new, groups)
+    if phases is not None:
+        phases.update(placed_s=placed - began, workers_s=time.monotonic() - placed)
     return new
 
 

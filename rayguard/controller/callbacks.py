@@ -98,6 +98,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._world = 0  # the ranks the last poll saw
         self._plan: RecoveryPath | None = None  # the path of the last poll's failure
         self._live: tuple[Attempt, Any] | None = None
+        self._resized: tuple[int | None, tuple[int, int] | None] = (None, None)
+        """The attempt a resize in place opened, and its (old, new) world size."""
         """The live attempt this group runs, with the last committed checkpoint when it
         opened; ``None``: the group's own start."""
         self.elastic = elastic
@@ -259,7 +261,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         opened, committed = self._live
         now = self._committed()
         settled = now is not _UNKNOWN and committed is not _UNKNOWN and now != committed
-        return LiveAttempt(opened.number, opened.replaced, settled=settled)
+        resized = self._resized[1] if self._resized[0] == opened.number else None
+        return LiveAttempt(opened.number, opened.replaced, settled=settled, resized=resized)
 
     def _committed(self) -> Any:
         """The run's last committed checkpoint (``None``: none yet; :data:`_UNKNOWN`: the
@@ -344,13 +347,14 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         shrink, self._shrink = self._shrink, None
         if shrink is None and new_world < len(worker_group.get_workers()):
             shrink = self._ranks_off(worker_group)  # the policy saw the loss before a poll
-        committed = self._committed()
+        committed, old_world = self._committed(), len(worker_group.get_workers())
         opened = self.resizer.resize(worker_group, new_world, attempt=self._attempt,
                                      failed=shrink or frozenset(), on_placed=on_placed)
         if opened is None:
             return False
         self._attempt = opened.number
         self._live = (opened, committed)
+        self._resized = (opened.number, (old_world, new_world))
         self._nodes = group_nodes(worker_group)
         return True
 

@@ -98,7 +98,7 @@ class InPlaceResizer:
         ray_resize.survivors_cleared(worker_group, plan.keep)
         new: list[Any] = []
         if plan.added:
-            new = ray_resize.grow_group(worker_group, plan.bundles, self.wait_s)
+            new = ray_resize.grow_group(worker_group, plan.bundles, self.wait_s, phases)
         else:
             ray_resize.shrink_group(worker_group, plan.keep)
         on_placed(worker_group)

@@ -62,6 +62,9 @@ class LiveAttempt:
     settled: bool = False
     """It committed a checkpoint since it opened: every rank joined and trained, the
     recovery worked, and a failure now is a new loss."""
+    resized: tuple[int, int] | None = None
+    """An elastic group resized in place opened it: (old, new) world size (``replaced``
+    then holds the ranks the resize dropped, in the old numbering)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,12 @@ def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: 
 
 
 def _live_failed(failed: tuple[int, ...], live: LiveAttempt) -> str:
+    if live.resized is not None:
+        old, new = live.resized
+        return (f"live recovery falls back to a restart of the whole group: attempt "
+                f"{live.attempt} (resized in place from {old} to {new} workers) failed before "
+                f"its first commit, rank(s) {list(failed)} failed in it; a failed resize is "
+                "not made in place again")
     survivors = [r for r in failed if r not in live.replaced]
     who = (f"survivor(s) {survivors}" if survivors else f"its replacement(s) {list(failed)}")
     return (f"live recovery falls back to a restart of the whole group: live attempt "

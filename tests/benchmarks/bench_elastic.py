@@ -15,7 +15,11 @@
    ``TorchTrainer`` (the baseline) and for ``rayguard.RobustTrainer`` (same loop, a checkpoint
    every step) under each of ``--modes`` (``GuardConfig(recovery=)``, default both):
    ``restart`` restarts the worker group at each resize, ``live`` resizes it in place. Also
-   reported: how many processes rank 0 ran in over the run (1 when every resize kept it).
+   reported: how many processes rank 0 ran in over the run (1 when every resize kept it),
+   each in-place resize's phases (the controller's and each rank's), and whether the final
+   model of ``live`` is bitwise the one of ``restart``: the loop trains a small model whose
+   step is the same arithmetic at the same world size, and every trainer resizes at the same
+   steps (the world waits at step 4 until the node is removed, at step 8 until it is added).
 """
 
 from __future__ import annotations
@@ -85,14 +89,28 @@ def _log_step(out: str, ws: int, rank: int, step: int) -> None:
                             "step": step}) + "\n")
 
 
-def _stop_step(config: dict) -> float:
-    """The step every rank stops after: the driver writes one a few steps ahead, so that all
-    ranks stop at the same step (a rank leaving early would block the others' report)."""
-    try:
-        with open(config["stop_file"]) as f:
-            return int(f.read())
-    except (FileNotFoundError, ValueError):
-        return float("inf")
+HOLDS = {4: 3, 8: 2}
+"""The resize schedule: after committing step ``k``, a world of ``HOLDS[k]`` workers waits
+there until its size changes (the driver removes a node at step 4 on 3 workers and adds one
+at step 8 on 2), so every trainer resizes at the same steps and the final models compare."""
+STOP = 12
+GLOBAL = 6
+
+
+def _hold(config: dict, step: int, ws: int, rank: int, beat: Callable[[], None]) -> None:
+    """At a scheduled step, wait (feeding the watchdog) until the group is resized: in place,
+    ``beat`` raises at the resize notice; on a restart, the process is ended."""
+    if HOLDS.get(step) != ws:
+        return
+    open(os.path.join(config["out"], f"held-{step}-{ws}-{rank}"), "w").close()
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        beat()
+        time.sleep(0.1)
+
+
+def _held(out: str, step: int, ws: int) -> bool:
+    return len(glob.glob(os.path.join(out, f"held-{step}-{ws}-*"))) >= ws
 
 
 def plain_loop(config: dict) -> None:
@@ -106,7 +124,8 @@ def plain_loop(config: dict) -> None:
     if ck:
         with ck.as_directory() as d, open(os.path.join(d, "s.json")) as f:
             step = json.load(f)["step"]
-    while step < _stop_step(config):
+    while step < STOP:
+        _hold(config, step, ws, rank, lambda: None)
         time.sleep(config["step_s"])
         step += 1
         _log_step(config["out"], ws, rank, step)
@@ -119,17 +138,54 @@ def plain_loop(config: dict) -> None:
             ray.train.report({"step": step})
 
 
+def _train_step(model: Any, opt: Any, step: int, rank: int, ws: int) -> None:
+    """One optimizer step on the global batch of ``step`` (ids ``step*GLOBAL`` on), this
+    rank's share of it in micro-batches of one, the gradient summed over the ranks: the same
+    arithmetic on every trainer at the same world size."""
+    import torch
+    import torch.distributed as dist
+
+    per = GLOBAL // ws
+    for i in range(step * GLOBAL + rank * per, step * GLOBAL + (rank + 1) * per):
+        x = torch.tensor([[i % 7, i % 5, i % 3, 1.0]])
+        ((model(x) - (i % 11) / 10.0) ** 2).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= GLOBAL
+    opt.step()
+    opt.zero_grad()
+
+
 def guarded_loop(config: dict) -> None:
+    import hashlib
+
+    import torch
+
     import rayguard
 
     ctx = rayguard.train.get_context()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state = rayguard.train.load_state()
-    step = state["step"] if state else 0
-    while step < _stop_step(config):
+    step = 0
+    if state:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+    while step < STOP:
+        _hold(config, step, ctx.world_size, ctx.rank, rayguard.train.heartbeat)
         time.sleep(config["step_s"])
         step += 1
+        _train_step(model, opt, step, ctx.rank, ctx.world_size)
         _log_step(config["out"], ctx.world_size, ctx.rank, step)
-        rayguard.train.report({"step": step}, step=step, state={"step": step} if ctx.rank == 0 else None)
+        rayguard.train.report({"step": step}, step=step, state={
+            "model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+            if ctx.rank == 0 else None)
+    if ctx.rank == 0:
+        digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values()))
+        with open(os.path.join(config["out"], "model.sha256"), "w") as f:
+            f.write(digest.hexdigest())
 
 
 def _events(out: str) -> list[dict]:
@@ -140,11 +196,33 @@ def _events(out: str) -> list[dict]:
     return rows
 
 
-def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int]:
+def _phases(result: Any) -> None:
+    """Print each in-place resize's phases (the controller's and each rank's)."""
+    from rayguard.events import events_path
+    from rayguard.events import read as read_events
+
+    try:
+        events = read_events(str(events_path(result.path)))
+    except Exception as exc:  # a plain Ray run has no event log
+        print(f"    (no rayguard event log: {exc})")
+        return
+    for e in events:
+        if e["kind"] == "resize":
+            phases = {k: round(v, 2) for k, v in (e.get("phases") or {}).items()}
+            print(f"    resize {e.get('direction')} {e.get('old_world_size')}->"
+                  f"{e.get('new_world_size')} path={e.get('path')} controller phases {phases}"
+                  + (f" fallback: {e['fallback']}" if e.get("fallback") else ""))
+        elif e["kind"] == "rejoined":
+            phases = {k: round(v, 2) for k, v in (e.get("phases") or {}).items()}
+            print(f"      rank {e.get('rank')} attempt {e.get('attempt')}"
+                  f"{' (new worker)' if e.get('replacement') else ''}: {phases}")
+
+
+def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int, str]:
     """One removal and one addition. ``kind``: ``"ray"`` (plain ``TorchTrainer``) or one of
     :data:`MODES` (``RobustTrainer`` under that ``GuardConfig(recovery=)``). Returns the
     seconds from the removal to the first step on 2 workers, from the addition to the first
-    step on 3, and the number of processes rank 0 ran in."""
+    step on 3, the number of processes rank 0 ran in, and the final model's digest."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -154,8 +232,7 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int]:
     root = tempfile.mkdtemp(prefix=f"bench-elastic-{kind}-")
     out = os.path.join(root, "steps")
     os.makedirs(out)
-    stop_file = os.path.join(root, "stop")
-    config = {"out": out, "stop_file": stop_file, "step_s": step_s}
+    config = {"out": out, "step_s": step_s}
     scaling = ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1},
                             elastic_resize_monitor_interval_s=1.0)
     run = RunConfig(storage_path=root, name=kind, failure_config=FailureConfig(max_failures=-1))
@@ -166,7 +243,7 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int]:
         else:
             trainer = rayguard.RobustTrainer(guarded_loop, train_loop_config=config, scaling_config=scaling,
                                              run_config=run, guard_config=rayguard.GuardConfig(
-                                                 global_batch_size=6, micro_batch_size=1,
+                                                 global_batch_size=GLOBAL, micro_batch_size=1,
                                                  recovery=kind))
         thread = cluster.fit_in_background(trainer)
 
@@ -174,23 +251,25 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int]:
             ts = [e["t"] for e in _events(out) if e["ws"] == ws and e["t"] > after]
             return min(ts) if ts else None
 
-        wait_for(lambda: len([e for e in _events(out) if e["ws"] == 3]) >= 9, timeout_s=240, what="3 workers running")
+        wait_for(lambda: _held(out, 4, 3), timeout_s=240, what="3 workers at step 4")
         t_remove = time.time()
         cluster.remove_worker_node()
         t_shrunk = wait_for(lambda: first_step(2, t_remove), timeout_s=240, what="first step on 2 workers")
-        time.sleep(2.0)
+        wait_for(lambda: _held(out, 8, 2), timeout_s=240, what="2 workers at step 8")
         t_add = time.time()
         cluster.add_worker_node()
         t_grown = wait_for(lambda: first_step(3, t_add), timeout_s=240, what="first step on 3 workers")
-        with open(stop_file + ".tmp", "w") as f:  # every rank returns after the same step
-            f.write(str(max(e["step"] for e in _events(out)) + 5))
-        os.replace(stop_file + ".tmp", stop_file)
-        cluster.join(thread, timeout_s=120)
+        result = cluster.join(thread, timeout_s=120)
+    _phases(result)
     rank0_pids = {e["pid"] for e in _events(out) if e["rank"] == 0}
-    return t_shrunk - t_remove, t_grown - t_add, len(rank0_pids)
+    digest = ""
+    if os.path.exists(os.path.join(out, "model.sha256")):
+        with open(os.path.join(out, "model.sha256")) as f:
+            digest = f.read()
+    return t_shrunk - t_remove, t_grown - t_add, len(rank0_pids), digest
 
 
-def print_table(kinds: list[str], results: dict[str, list[tuple[float, float, int]]]) -> None:
+def print_table(kinds: list[str], results: dict[str, list[tuple[float, float, int, str]]]) -> None:
     """The medians of each trainer side by side, with restart/live when both ran."""
     names = {"ray": "Ray", "restart": "restart", "live": "live"}
     both = "restart" in kinds and "live" in kinds
@@ -222,14 +301,15 @@ def main(argv: list[str]) -> int:
     if args.quick:
         return 0
     kinds = ["ray", *dict.fromkeys(modes)]
-    results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in kinds}
+    results: dict[str, list[tuple[float, float, int, str]]] = {k: [] for k in kinds}
     for _ in range(args.trials):
         for kind in kinds:
             results[kind].append(resize_trial(kind))
-            shrunk, grown, pids = results[kind][-1]
+            shrunk, grown, pids, digest = results[kind][-1]
             print(f"  trial {kind}: removal -> step on 2: {shrunk:.1f} s, addition -> step on 3: "
-                  f"{grown:.1f} s, rank 0 in {pids} process(es)", flush=True)
-    med = {k: (statistics.median(a for a, _, _ in v), statistics.median(b for _, b, _ in v))
+                  f"{grown:.1f} s, rank 0 in {pids} process(es)"
+                  + (f", final model {digest[:12]}" if digest else ""), flush=True)
+    med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
            for k, v in results.items()}
     print(f"resize on a simulated 3-node cluster (median of {args.trials}; shared, loaded machine):")
     for mode in kinds[1:]:
@@ -238,6 +318,11 @@ def main(argv: list[str]) -> int:
         print(f"  node added   -> first step at 3 workers: Ray {med['ray'][1]:6.1f} s, rayguard "
               f"{mode} {med[mode][1]:6.1f} s  ({med['ray'][1] / med[mode][1]:.1f}x faster)")
     print_table(kinds, results)
+    digests = {k: {r[3] for r in results[k]} for k in kinds[1:]}
+    if "restart" in digests and "live" in digests:
+        same = len(digests["restart"] | digests["live"]) == 1
+        print(f"  final model, same resize schedule: live {'==' if same else '!='} restart "
+              f"(bitwise; {sorted(d[:12] for d in digests['restart'] | digests['live'])})")
     return 0
 
 

@@ -1,13 +1,17 @@
 """Elastic training on a simulated multi-node cluster: lose a node, get it back, resized in
-place (live recovery).
+place (live recovery), lose the returning node while the group grows, get capacity back
+again.
 
 One CPU per node, one worker per node. Global batch 12, micro-batch 2: valid world sizes
 1, 2, 3 (accumulation 6, 3, 2). The run starts on 3 nodes, loses one (continues on 2 with a
-larger accumulation), gets one back (grows to 3). Every rank records the sample ids of each
+larger accumulation), gets one back (grows to 3), loses that node again while the grown
+group sets up (before its first commit: the documented fallback, one whole-group restart at
+2), and gets a node back once more (grows to 3 from the restarted processes). Every rank records the sample ids of each
 micro-batch; across the whole run every id of every epoch is consumed exactly once and every
 optimizer step sees exactly 12 samples. Under ``GuardConfig(recovery="live")`` both resizes
 are made in place: the workers on the nodes that stay keep their processes through both,
-and only the returning node's worker is new. The whole-group restart path of elastic runs
+and only the returning node's worker is new; the grow that loses its node falls back to one
+restart, and the next grow keeps the restarted processes. The whole-group restart path of elastic runs
 is run end to end by ``test_sharded_elastic.py`` and ``test_straggler_eviction.py`` and its
 decisions by ``tests/unit/controller/test_harness_elastic.py``.
 """
@@ -52,6 +56,14 @@ def _loop(config: dict) -> None:
         sampler.load_state_dict(state["sampler"])
         step = state["step"]
     data = TensorDataset(torch.arange(config["samples"], dtype=torch.float32))
+    with open(os.path.join(config["out"], f"start-a{ctx.attempt}-r{ctx.rank}.json"), "w") as f:
+        json.dump({"attempt": ctx.attempt, "rank": ctx.rank, "ws": ctx.world_size,
+                   "node": ctx.node_id, "pid": os.getpid(), "changed": ctx.world_size_changed,
+                   "previous_rank": ctx.previous_rank}, f)
+    # the driver removes the node of a grown group while it sets up (before any step)
+    while ctx.world_size == config["max_workers"] and os.path.exists(config["hold_file"]):
+        rayguard.train.heartbeat()
+        time.sleep(0.2)
     log = open(os.path.join(config["out"], f"a{ctx.attempt}-r{ctx.rank}-{os.getpid()}.jsonl"), "a")
     for epoch in range(sampler.epoch, config["epochs"]):
         sampler.set_epoch(epoch)
@@ -96,6 +108,15 @@ def _records(out: str) -> list[dict]:
     return rows
 
 
+def _starts(out: str) -> list[dict]:
+    """One record per (attempt, rank) the training function started in."""
+    rows = []
+    for path in glob.glob(os.path.join(out, "start-*.json")):
+        with open(path) as f:
+            rows.append(json.load(f))
+    return rows
+
+
 def _committed(rows: list[dict]) -> dict[int, list[dict]]:
     """Per global step, the records of the last attempt that ran it (a step replayed after a
     restart replaces the uncommitted run of it)."""
@@ -116,7 +137,8 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
             _loop,
             train_loop_config={"out": str(out), "samples": SAMPLES, "global": GLOBAL,
                                "micro": MICRO, "epochs": EPOCHS, "step_s": 0.3, "max_workers": 3,
-                               "pause_file": str(tmp_path / "pause")},
+                               "pause_file": str(tmp_path / "pause"),
+                               "hold_file": str(tmp_path / "hold")},
             scaling_config=ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1},
                                          elastic_resize_monitor_interval_s=1.0),
             run_config=RunConfig(storage_path=str(tmp_path), name="elastic",
@@ -133,12 +155,22 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
         lost = cluster.remove_worker_node()
         wait_for(lambda: steps_at(2) >= 3, timeout_s=240, what="3 steps on 2 workers")
         (tmp_path / "pause").touch()
+        (tmp_path / "hold").touch()
+        cluster.add_worker_node()
+
+        def started(attempt: int, ws: int) -> int:
+            return len([s for s in _starts(str(out)) if s["attempt"] >= attempt and s["ws"] == ws])
+
+        wait_for(lambda: started(2, 3) >= 3, timeout_s=240, what="the grown group setting up")
+        cluster.remove_worker_node()  # the returning node, before the grown group's first step
+        (tmp_path / "hold").unlink()
+        wait_for(lambda: started(3, 2) >= 2, timeout_s=240, what="the group restarted on 2")
         cluster.add_worker_node()
         last = max(r["step"] for r in _records(str(out)))
         wait_for(lambda: steps_at(3, after=last) >= 1, timeout_s=240, what="growing back to 3")
         result = cluster.join(thread, timeout_s=300)
 
-    _check_in_place(_records(str(out)), lost, str(events_path(result.path)))
+    _check_in_place(_records(str(out)), _starts(str(out)), lost, str(events_path(result.path)))
     steps = _committed(_records(str(out)))
     assert list(steps) == list(range(1, SAMPLES // GLOBAL * EPOCHS + 1))
     sizes = []
@@ -161,27 +193,33 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
                     if r["epoch"] == epoch for i in r["ids"]]
         assert in_order == epoch_order(SAMPLES, 0, epoch)
 
-    _check_context(_records(str(out)))
+    _check_context(_starts(str(out)))
 
 
-def _check_in_place(rows: list[dict], lost: str, events_file: str) -> None:
-    """Both resizes were made in place: one ``resize`` event each (``path="live"``), no
-    whole-group restart; every node that stayed ran one process through the whole run."""
+def _check_in_place(rows: list[dict], starts: list[dict], lost: str, events_file: str) -> None:
+    """The shrink and both grows were made in place (``resize`` events, ``path="live"``); the
+    grow whose node was lost before its first commit fell back to one whole-group restart.
+    Every node that stayed ran one process through the shrink and the first grow (attempts
+    0-2), and one more, the restart's, through the second grow (attempts 3-4)."""
     with open(events_file) as f:
         events = [json.loads(line) for line in f if line.strip()]
     resizes = [e for e in events if e["kind"] == "resize"]
     assert [(e["path"], e["direction"], e["old_world_size"], e["new_world_size"])
-            for e in resizes] == [("live", "shrink", 3, 2), ("live", "grow", 2, 3)], resizes
-    assert [e for e in events if e["kind"] == "restart"] == []
-    starts = [e for e in events if e["kind"] == "attempt_started"]
-    assert [e.get("path") for e in starts] == [None, "live", "live"], starts
-    pids: dict[str, set[int]] = defaultdict(set)
-    for r in rows:
-        pids[r["node"]].add(r["pid"])
-    stayed = [node for node in pids if node != lost and any(r["attempt"] == 0 and r["node"] == node
-                                                           for r in rows)]
-    assert len(stayed) == 2 and all(len(pids[node]) == 1 for node in stayed), dict(pids)
-    assert len(pids) == 4  # the lost node's worker and the returning node's are the others
+            for e in resizes] == [("live", "shrink", 3, 2), ("live", "grow", 2, 3),
+                                  ("live", "grow", 2, 3)], resizes
+    (restart,) = [e for e in events if e["kind"] == "restart"]
+    assert restart["attempt"] == 2 and "first commit" in restart["fallback"], restart
+    attempts = [e for e in events if e["kind"] == "attempt_started"]
+    assert [e.get("path") for e in attempts] == [None, "live", "live", None, "live"], attempts
+    pids: dict[tuple[str, bool], set[int]] = defaultdict(set)
+    for r in [*rows, *starts]:
+        pids[(r["node"], r["attempt"] >= 3)].add(r["pid"])
+    stayed = {s["node"] for s in starts if s["attempt"] == 0} - {lost}
+    assert len(stayed) == 2, starts
+    for node in stayed:
+        assert len(pids[(node, False)]) == 1 and len(pids[(node, True)]) == 1, dict(pids)
+        assert pids[(node, False)] != pids[(node, True)]  # the fallback restarted them
+    assert any(r["attempt"] == 4 and r["ws"] == 3 for r in rows)
 
 
 def _check_context(rows: list[dict]) -> None:

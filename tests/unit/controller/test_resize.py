@@ -98,8 +98,9 @@ def calls(monkeypatch) -> list[str]:
         group.workers = [group.workers[r] for r in keep]
         place_all(group)
 
-    def grow_group(group: FakeGroup, bundles, wait_s: float) -> list[Any]:
+    def grow_group(group: FakeGroup, bundles, wait_s: float, phases=None) -> list[Any]:
         made.append(f"grow_group {list(bundles)} {wait_s}")
+        phases.update(placed_s=0.0, workers_s=0.0)
         new = [SimpleNamespace(old=None, place=None, bundle=b) for b in bundles]
         group.workers = group.workers + new
         place_all(group)
@@ -178,6 +179,9 @@ def test_a_grow_starts_the_new_workers_after_the_go_fact(calls) -> None:
                                "start_new [2]"]
     assert not any(c.startswith("shrink_group") for c in calls)
     assert coordinator.opened[0][1:3] == (3, [])
+    # a grow's event says how long the new bundles took to be placed and the actors to start
+    assert set(coordinator.events[0]["phases"]) == {"leave_s", "placed_s", "workers_s",
+                                                    "controller_s"}
     assert coordinator.opened[0][4]["direction"] == "grow"
     assert coordinator.facts[go_key(4)] == {"places": {
         "0": {"world_rank": 0, "world_size": 3}, "1": {"world_rank": 1, "world_size": 3}}}
@@ -309,6 +313,13 @@ def test_resize_in_place_hands_the_shrink_to_the_resizer_and_runs_its_attempt(
     assert callback._nodes == ["n0", "n0"]
     assert callback._shrink is None  # used once
     assert not callback.wants_resize(group, 2)
+    # a failure before the resized attempt's first commit: its fallback names the resize
+    live = callback._live_attempt()
+    assert live is not None and live.resized == (len(group.get_workers()), 2)
+    assert not live.settled
+    plan = plan_recovery_path({1}, 2, mode=LIVE, attempt=1, live_attempt=live,
+                              lost_nodes=["n"], elastic=True)
+    assert plan.kind == RESTART and "resized in place from" in (plan.fallback or "")
 
 
 def test_a_resize_that_falls_back_keeps_the_callbacks_attempt(monkeypatch) -> None:

@@ -56,6 +56,10 @@ CASES = [
     ("4 before 6: an unsettled live attempt of an elastic run", {2}, LIVE,
      {"lost_nodes": ["n"], "elastic": True, "live_attempt": UNSETTLED}, RESTART, EVERY,
      "live attempt 1"),
+    ("4 before 6: a grow in place that lost its new worker", {2}, LIVE,
+     {"lost_nodes": ["n"], "elastic": True, "live_attempt": LiveAttempt(2, (), resized=(2, 3))},
+     RESTART, EVERY, "attempt 2 (resized in place from 2 to 3 workers) failed before its first "
+     "commit, rank(s) [2] failed in it"),
     ("5 before 6: every rank of an elastic run failed", range(W), LIVE,
      {"lost_nodes": ["n"], "elastic": True}, RESTART, EVERY, "every rank failed"),
     ("6 elastic needs a lost node", {2}, LIVE, {"elastic": True}, LIVE, (2,), None),
