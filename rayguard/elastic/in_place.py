@@ -189,20 +189,10 @@ def plan_resize(given: ResizeInput) -> ResizePlan:
                       bundles=tuple(sorted(given.free_bundles)[:need]))
 
 
-def notice_fields(plan: ResizePlan, nodes: Sequence[str]) -> dict[str, Any]:
-    """What the resize's notice tells each kept worker (old rank -> its new place; ``nodes``:
-    the node of each new rank)."""
-    placed = places(nodes)
-    return {"old_world_size": plan.old_world, "world_size": plan.new_world,
-            "places": {str(old): placed[i].as_dict() for i, old in enumerate(plan.keep)}}
-
-
-def place_of(notice: dict[str, Any] | None, rank: int) -> dict[str, int] | None:
-    """This old rank's new place in a resize notice (``None``: not a resize, or stopped)."""
-    resize = (notice or {}).get("resize")
-    if not resize:
-        return None
-    return (resize.get("places") or {}).get(str(rank))
+def place_of(go: dict[str, Any] | None, rank: int) -> dict[str, int] | None:
+    """This old rank's new place in a resize's go fact (``{"places": {old rank: place}}``,
+    published by :mod:`rayguard.controller.resize`); ``None``: it has no place (stopped)."""
+    return ((go or {}).get("places") or {}).get(str(rank))
 
 
 def is_resize(notice: dict[str, Any] | None) -> bool:
@@ -210,5 +200,5 @@ def is_resize(notice: dict[str, Any] | None) -> bool:
 
 
 __all__ = ["GROW", "SHRINK", "RankPlace", "ResizeInput", "ResizePlan", "is_resize",
-           "notice_fields", "place_of", "places", "plan_resize"]
+           "place_of", "places", "plan_resize"]
 

@@ -114,7 +114,7 @@ def take_place(link: RunLink, attempt: int, wait_s: float) -> bool:
     reads. Returns whether it was a resize. Raises :class:`PeersLostError` when the group
     is not resized in time or this rank has no place in it."""
     from rayguard.controller.resize import go_key, left_key
-    from rayguard.elastic.in_place import is_resize
+    from rayguard.elastic.in_place import is_resize, place_of
 
     ctx = link.ctx
     if not is_resize(link.get(live_key(ctx.attempt))):
@@ -125,7 +125,7 @@ def take_place(link: RunLink, attempt: int, wait_s: float) -> bool:
         raise PeersLostError(
             f"rank {ctx.rank}: the resize of attempt {ctx.attempt} was not in place within "
             f"{wait_s} s (HealthConfig(live_wait_s)); the worker group restarts")
-    place = (go.get("places") or {}).get(str(ctx.rank))
+    place = place_of(go, ctx.rank)
     if place is None:
         raise PeersLostError(f"rank {ctx.rank}: no place in the group resized for attempt "
                              f"{attempt}; this worker stops")

@@ -15,7 +15,6 @@ from rayguard.elastic.in_place import (
     ResizeInput,
     ResizePlan,
     is_resize,
-    notice_fields,
     place_of,
     places,
     plan_resize,
@@ -191,45 +190,22 @@ def test_a_place_is_what_rays_distributed_context_holds() -> None:
     assert [f.name for f in dataclasses.fields(DistributedContext)] == list(place.as_dict())
 
 
-# -- the notice ----------------------------------------------------------------------------
-def test_the_notice_gives_each_kept_rank_its_new_place_and_no_other() -> None:
+# -- the go fact -------------------------------------------------------------------------
+def test_place_of_reads_a_kept_ranks_place_from_the_go_fact() -> None:
     shrink = plan(4, 3, failed=frozenset({1}))  # new ranks 0, 1, 2 are old 0, 2, 3
-    fields = notice_fields(shrink, ["n0", "n1", "n1"])
-    assert fields["old_world_size"] == 4 and fields["world_size"] == 3
-    assert fields["places"] == {
-        "0": {"world_rank": 0, "world_size": 3, "local_rank": 0, "local_world_size": 1,
-              "node_rank": 0},
-        "2": {"world_rank": 1, "world_size": 3, "local_rank": 0, "local_world_size": 2,
-              "node_rank": 1},
-        "3": {"world_rank": 2, "world_size": 3, "local_rank": 1, "local_world_size": 2,
-              "node_rank": 1},
-    }
+    placed = places(["n0", "n1", "n1"])
+    go = {"places": {str(old): placed[i].as_dict() for i, old in enumerate(shrink.keep)}}
+    assert place_of(go, 3) == {"world_rank": 2, "world_size": 3, "local_rank": 1,
+                               "local_world_size": 2, "node_rank": 1}
+    assert place_of(go, 2)["local_world_size"] == 2  # type: ignore[index]
+    assert place_of(go, 1) is None  # lost: no place
+    assert place_of(go, 7) is None
 
 
-def test_a_grows_notice_places_only_the_kept_ranks() -> None:
-    grow = plan(2, 3, free_bundles=(2,))
-    fields = notice_fields(grow, ["a", "b", "a"])
-    assert sorted(fields["places"]) == ["0", "1"]
-    assert fields["places"]["0"]["local_world_size"] == 2
-    assert fields["places"]["1"] == {"world_rank": 1, "world_size": 3, "local_rank": 0,
-                                     "local_world_size": 1, "node_rank": 1}
-
-
-def test_place_of_reads_a_ranks_place_from_the_notice() -> None:
-    resize = notice_fields(plan(4, 3, failed=frozenset({1})), ["n0", "n0", "n0"])
-    notice = {"attempt": 1, "ranks": [1], "resize": resize}
-    assert place_of(notice, 2) == {"world_rank": 1, "world_size": 3, "local_rank": 1,
-                                   "local_world_size": 3, "node_rank": 0}
-    assert place_of(notice, 1) is None  # lost: no place
-    assert place_of(notice, 7) is None
-
-
-def test_place_of_a_notice_that_is_not_a_resize_is_none() -> None:
+def test_place_of_an_empty_go_fact_is_none() -> None:
     assert place_of(None, 0) is None
-    assert place_of({"attempt": 1, "ranks": [3]}, 0) is None
-    assert place_of({"attempt": 1, "resize": {}}, 0) is None
-    assert place_of({"attempt": 1, "resize": {"world_size": 3}}, 0) is None
-    assert place_of({"attempt": 1, "resize": {"places": None}}, 0) is None
+    assert place_of({}, 0) is None
+    assert place_of({"places": None}, 0) is None
 
 
 def test_is_resize_only_for_a_notice_that_says_resize() -> None:
