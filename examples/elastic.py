@@ -88,14 +88,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recovery", choices=("live", "restart"), default="live",
                         help="resize in place (live) or restart the worker group (restart)")
+    parser.add_argument("--step-s", type=float, default=0.5,
+                        help="seconds each step waits after its optimizer step (default 0.5)")
     args = parser.parse_args()
+    if not 0 < args.step_s <= 60:
+        parser.error(f"--step-s {args.step_s}: give seconds between 0 and 60, e.g. 0.5")
     root = tempfile.mkdtemp(prefix="rayguard-elastic-")
     out = os.path.join(root, "steps")
     os.makedirs(out)
     with SimulatedCluster(worker_nodes=3) as cluster:
         trainer = rayguard.RobustTrainer(
             train_fn,
-            train_loop_config={"out": out, "step_s": 0.5},
+            train_loop_config={"out": out, "step_s": args.step_s},
             scaling_config=ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1},
                                          elastic_resize_monitor_interval_s=1.0),
             run_config=RunConfig(storage_path=root, name="elastic",

@@ -109,6 +109,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         """Live recovery on an elastic run: size changes are made in place where they can
         be (:mod:`rayguard.controller.resize`)."""
         self._shrink: frozenset[int] | None = None
+        self._restarting = False
+        """The last failure's recovery restarts the whole group: Ray's next size decision
+        (its restart) is not made in place, whatever its size."""
         """The ranks a lost node took, when the next size change is their shrink."""
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
@@ -122,7 +125,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         opened: Attempt = ray.get(self.coordinator.open_attempt.remote(RESTART))
         self._attempt = opened.number
         self._nodes = []
-        self._live = None
+        self._live, self._restarting = None, False
         self._failed, self._plan, self._shrink = set(), None, None
         if self.fence is None:
             return
@@ -303,6 +306,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         if plan.kind == RESIZE:  # the elastic policy's size comes next: resize_in_place
             self._shrink = frozenset(plan.ranks)
             return
+        self._restarting = True
         ranks, attempt = list(plan.ranks), plan.attempt
         if plan.kind == REPLICA_GROUP:
             detail = (f"rank(s) {ranks} replaced in attempt {attempt} (Ray's replica-group "
@@ -335,6 +339,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         node's shrink, or another size on an elastic live run); ``False``: Ray's own path
         (the same size: a worker replaced alone)."""
         if self.resizer is None:
+            return False
+        if self._restarting:  # the planned restart (a resized attempt that failed, ...)
+            self._restarting = False
             return False
         return self._shrink is not None or new_world != len(worker_group.get_workers())
 

@@ -203,7 +203,9 @@ def load(collective: Collective, store: CheckpointStore, *, tag: str,
     """Every rank: this rank's state from the newest checkpoint that verifies (``None``: there
     is none). RNG states saved with it are restored. ``tier``: the in-memory tier serves the
     shards it holds copies of that verify. ``on_chosen(path)`` is told the checkpoint before
-    it is read (a read that fails on every attempt is then known to be this one's)."""
+    it is read (a read that fails on every attempt is then known to be this one's). The
+    ``restored`` event says how long it took (``load_s``: choosing, verifying and reading)."""
+    started = time.monotonic()
     chosen = choose(collective, store, tier) if collective.rank == 0 else None
     chosen = collective.gather(tag, chosen)[0]
     collective.progress()
@@ -220,7 +222,7 @@ def load(collective: Collective, store: CheckpointStore, *, tag: str,
         chosen = found
     with store.materialize(chosen) as local:
         return read_state(collective, chosen, local, previous_rank=previous_rank,
-                          memory=memory, **fields)
+                          memory=memory, started=started, **fields)
 
 
 def _warn_unloaded_sharded(manifest: Any, chosen: str) -> None:
@@ -235,13 +237,15 @@ def _warn_unloaded_sharded(manifest: Any, chosen: str) -> None:
 
 def read_state(collective: Collective, chosen: str, local: str, *,
                previous_rank: int | None = None, plain_optional: bool = False, note: str = "",
-               memory: dict[int, Any] | None = None, **extra: Any) -> Restored:
+               memory: dict[int, Any] | None = None, started: float | None = None,
+               **extra: Any) -> Restored:
     """Read this rank's state from ``local`` (a verified checkpoint, maybe a download): the
     point where a shard is read.
 
     ``plain_optional``: the sharded part was loaded; a checkpoint without plain state
     returns ``{}`` instead of raising. ``note`` and ``extra`` go into the ``restored`` event.
-    ``memory``: payloads by saved rank already read and verified from the memory tier."""
+    ``memory``: payloads by saved rank already read and verified from the memory tier.
+    ``started``: when the load began (monotonic), for the event's ``load_s``."""
     from pathlib import Path
 
     from rayguard import checkpoint as ck
@@ -277,6 +281,8 @@ def read_state(collective: Collective, chosen: str, local: str, *,
     if step is None and plain_optional:
         step = manifest.step
     step = step if isinstance(step, int) else None
+    if started is not None:
+        extra["load_s"] = round(time.monotonic() - started, 3)
     if rank == 0:
         collective.record("restored", f"restored {os.path.basename(chosen)} (step {step}){note}",
                           step=step, path=chosen, **extra)

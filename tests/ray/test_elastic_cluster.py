@@ -1,19 +1,20 @@
-"""Elastic training on a simulated multi-node cluster: lose a node, get it back, resized in
-place (live recovery), lose the returning node while the group grows, get capacity back
-again.
+"""Elastic training on a simulated multi-node cluster, resized in place (live recovery):
+lose a node, get it back, lose it again, and lose the next returning node while the group
+grows.
 
 One CPU per node, one worker per node. Global batch 12, micro-batch 2: valid world sizes
 1, 2, 3 (accumulation 6, 3, 2). The run starts on 3 nodes, loses one (continues on 2 with a
-larger accumulation), gets one back (grows to 3), loses that node again while the grown
-group sets up (before its first commit: the documented fallback, one whole-group restart at
-2), and gets a node back once more (grows to 3 from the restarted processes). Every rank records the sample ids of each
+larger accumulation), gets one back (grows to 3), loses it (2), gets one back and loses it
+while the grown group sets up, before its first commit: the documented fallback, one
+whole-group restart at 2, where the run ends. Every rank records the sample ids of each
 micro-batch; across the whole run every id of every epoch is consumed exactly once and every
-optimizer step sees exactly 12 samples. Under ``GuardConfig(recovery="live")`` both resizes
-are made in place: the workers on the nodes that stay keep their processes through both,
-and only the returning node's worker is new; the grow that loses its node falls back to one
-restart, and the next grow keeps the restarted processes. The whole-group restart path of elastic runs
-is run end to end by ``test_sharded_elastic.py`` and ``test_straggler_eviction.py`` and its
-decisions by ``tests/unit/controller/test_harness_elastic.py``.
+optimizer step sees exactly 12 samples. Under ``GuardConfig(recovery="live")`` the shrinks
+and grows are made in place: the workers on the nodes that stay keep their processes through
+all four, and only a returning node's worker is new; the restart then starts every worker
+again. ``examples/elastic.py`` itself, run as a user runs it, is the second test. The
+whole-group restart path of elastic runs is run end to end by ``test_sharded_elastic.py``
+and ``test_straggler_eviction.py`` and its decisions by
+``tests/unit/controller/test_harness_elastic.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
+import subprocess
+import sys
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -155,19 +160,24 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
         lost = cluster.remove_worker_node()
         wait_for(lambda: steps_at(2) >= 3, timeout_s=240, what="3 steps on 2 workers")
         (tmp_path / "pause").touch()
-        (tmp_path / "hold").touch()
         cluster.add_worker_node()
+        last = max(r["step"] for r in _records(str(out)))
+        wait_for(lambda: steps_at(3, after=last) >= 1, timeout_s=240, what="growing back to 3")
 
         def started(attempt: int, ws: int) -> int:
             return len([s for s in _starts(str(out)) if s["attempt"] >= attempt and s["ws"] == ws])
 
-        wait_for(lambda: started(2, 3) >= 3, timeout_s=240, what="the grown group setting up")
-        cluster.remove_worker_node()  # the returning node, before the grown group's first step
-        (tmp_path / "hold").unlink()
-        wait_for(lambda: started(3, 2) >= 2, timeout_s=240, what="the group restarted on 2")
+        # the returning node lost again while the group grows: shrink, grow, and the new node
+        # removed while the grown group sets up (before its first step)
+        (tmp_path / "hold").touch()
+        cluster.remove_worker_node()
+        wait_for(lambda: started(3, 2) >= 2, timeout_s=240, what="shrunk to 2 again")
         cluster.add_worker_node()
-        last = max(r["step"] for r in _records(str(out)))
-        wait_for(lambda: steps_at(3, after=last) >= 1, timeout_s=240, what="growing back to 3")
+        wait_for(lambda: started(4, 3) >= 3, timeout_s=240, what="the grown group setting up")
+        cluster.remove_worker_node()
+        (tmp_path / "hold").unlink()
+        wait_for(lambda: started(5, 2) >= 2, timeout_s=240, what="the group restarted on 2")
+        (tmp_path / "pause").unlink()  # the run ends on 2 workers
         result = cluster.join(thread, timeout_s=300)
 
     _check_in_place(_records(str(out)), _starts(str(out)), lost, str(events_path(result.path)))
@@ -181,9 +191,9 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
         assert sum(len(r["ids"]) for r in rows) == GLOBAL
         assert all(MICRO * r["accum"] * r["ws"] == GLOBAL for r in rows)
         sizes.append(rows[0]["ws"])
-    # shrank to 2 (accumulation 3), then grew back to 3 (accumulation 2)
+    # shrank to 2 (accumulation 3), grew back to 3 (accumulation 2), shrank to 2 again
     changes = [w for i, w in enumerate(sizes) if i == 0 or w != sizes[i - 1]]
-    assert changes[:3] == [3, 2, 3], sizes
+    assert changes == [3, 2, 3, 2], sizes
     for epoch in range(EPOCHS):
         ids = Counter(i for rows in steps.values() for r in rows if r["epoch"] == epoch for i in r["ids"])
         assert ids == Counter(range(SAMPLES)), f"epoch {epoch}: not every id exactly once"
@@ -197,29 +207,30 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
 
 
 def _check_in_place(rows: list[dict], starts: list[dict], lost: str, events_file: str) -> None:
-    """The shrink and both grows were made in place (``resize`` events, ``path="live"``); the
-    grow whose node was lost before its first commit fell back to one whole-group restart.
-    Every node that stayed ran one process through the shrink and the first grow (attempts
-    0-2), and one more, the restart's, through the second grow (attempts 3-4)."""
+    """Both shrinks and both grows were made in place (``resize`` events, ``path="live"``);
+    the second grow, whose node was lost before its first commit, fell back to one
+    whole-group restart. Every node that stayed ran one process through the resizes
+    (attempts 0-4), and one more, the restart's, at the end (attempt 5)."""
     with open(events_file) as f:
         events = [json.loads(line) for line in f if line.strip()]
     resizes = [e for e in events if e["kind"] == "resize"]
     assert [(e["path"], e["direction"], e["old_world_size"], e["new_world_size"])
             for e in resizes] == [("live", "shrink", 3, 2), ("live", "grow", 2, 3),
-                                  ("live", "grow", 2, 3)], resizes
+                                  ("live", "shrink", 3, 2), ("live", "grow", 2, 3)], resizes
     (restart,) = [e for e in events if e["kind"] == "restart"]
-    assert restart["attempt"] == 2 and "first commit" in restart["fallback"], restart
+    assert restart["attempt"] == 4 and "resized in place from 2 to 3 workers" in \
+        restart["fallback"] and "before its first commit" in restart["fallback"], restart
     attempts = [e for e in events if e["kind"] == "attempt_started"]
-    assert [e.get("path") for e in attempts] == [None, "live", "live", None, "live"], attempts
+    assert [e.get("path") for e in attempts] == [None, "live", "live", "live", "live", None]
     pids: dict[tuple[str, bool], set[int]] = defaultdict(set)
     for r in [*rows, *starts]:
-        pids[(r["node"], r["attempt"] >= 3)].add(r["pid"])
+        pids[(r["node"], r["attempt"] >= 5)].add(r["pid"])
     stayed = {s["node"] for s in starts if s["attempt"] == 0} - {lost}
     assert len(stayed) == 2, starts
     for node in stayed:
         assert len(pids[(node, False)]) == 1 and len(pids[(node, True)]) == 1, dict(pids)
         assert pids[(node, False)] != pids[(node, True)]  # the fallback restarted them
-    assert any(r["attempt"] == 4 and r["ws"] == 3 for r in rows)
+    assert any(r["attempt"] == 2 and r["ws"] == 3 for r in rows)  # the grow in place ran
 
 
 def _check_context(rows: list[dict]) -> None:
@@ -237,3 +248,33 @@ def _check_context(rows: list[dict]) -> None:
             assert r["changed"] == (sizes[after] != sizes[before])
             expected = ranks[before].get(r["node"])
             assert r["previous_rank"] == expected, (after, r["node"], r["previous_rank"], expected)
+
+
+STEP_LINE = re.compile(r"^step +(\d+) +world (\d) +accumulation (\d) +2 x \d x \d = (\d+) .*"
+                       r"rank 0 pid (\d+)$", re.MULTILINE)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_elastic_example_shrinks_and_grows_in_place(no_ray) -> None:
+    """``examples/elastic.py`` as a user runs it (live, its default): a node removed and one
+    added back, both resizes in place, every step the global batch, 80 steps in order."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "examples/elastic.py", "--step-s", "0.3"], cwd=repo,
+                          capture_output=True, text=True, timeout=840,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "resized in place: 3 -> 2" in out and "resized in place: 2 -> 3" in out, out[-4000:]
+    steps = [tuple(int(g) for g in m.groups()) for m in STEP_LINE.finditer(done.stdout)]
+    assert [s for s, *_ in steps] == list(range(1, len(steps) + 1)) and len(steps) == 80
+    assert {total for *_, total, _ in steps} == {12}
+    worlds = [w for _, w, *_ in steps]
+    assert [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]] == [3, 2, 3]
+    # rank 0's process: the same through the grow; through the shrink too, unless the removed
+    # node was rank 0's (the example removes the newest node), when the survivor that takes
+    # rank 0 keeps its own process
+    pids = [pid for *_, pid in steps]
+    changed = [i for i in range(1, len(steps)) if pids[i] != pids[i - 1]]
+    shrunk = next(i for i in range(1, len(steps)) if worlds[i] == 2 and worlds[i - 1] == 3)
+    assert changed in ([], [shrunk]), (changed, shrunk)

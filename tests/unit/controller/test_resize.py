@@ -17,7 +17,7 @@ import rayguard.controller.resize as resize_mod
 from rayguard._ray.train import FailureDecision
 from rayguard.controller.callbacks import RayGuardCallback
 from rayguard.controller.resize import InPlaceResizer, go_key, left_key
-from rayguard.health.recovery import LIVE, RESIZE, RESTART, plan_recovery_path
+from rayguard.health.recovery import LIVE, RESIZE, RESTART, LiveAttempt, plan_recovery_path
 from rayguard.run.attempts import Attempt, Attempts
 
 
@@ -283,6 +283,22 @@ def test_a_pending_shrink_is_the_callbacks_whatever_the_size() -> None:
     pend_shrink(callback, {2, 3})
     assert callback._shrink == frozenset({2, 3})
     assert callback.wants_resize(group_of(4), 4)
+
+
+def test_a_planned_restart_is_never_made_in_place_whatever_its_size() -> None:
+    """A resized attempt that failed before its first commit restarts the whole group (plan
+    row 4): Ray's restart, at the size the elastic policy chooses (here smaller: the grow's
+    new node is gone), is Ray's, once; the size changes after it are the callback's again."""
+    recorded: list[dict] = []
+    callback = RayGuardCallback(SimpleNamespace(record=_Remote(recorded.append)), mode=LIVE,
+                                elastic=True)
+    callback._plan = plan_recovery_path(
+        {2}, 3, mode=LIVE, attempt=2, lost_nodes=["n1"], elastic=True,
+        live_attempt=LiveAttempt(2, (), resized=(2, 3)))
+    callback.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert [e["kind"] for e in recorded] == ["restart"] and "fallback" in recorded[0]
+    assert not callback.wants_resize(group_of(3), 2)  # the restart: Ray's
+    assert callback.wants_resize(group_of(2), 3)  # a later grow: in place again
 
 
 class FakeResizer:

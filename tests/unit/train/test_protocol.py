@@ -292,4 +292,6 @@ def test_the_memory_tier_hooks_see_each_shard_and_serve_the_load(tmp_path: Path)
     restored = group.run(lambda c: protocol.load(c, store, tag="load1", tier=tier))
     for rank, r in enumerate(restored):
         assert torch.equal(r.state["w"], torch.full((300_000,), rank * 100 + 1.5))
-    assert [e["tier"] for e in group.events if e["kind"] == "restored"] == ["memory"]
+    (event,) = [e for e in group.events if e["kind"] == "restored"]
+    assert event["tier"] == "memory"
+    assert 0 <= event["load_s"] < 60  # the restore's own phase (choose, verify, read)
