@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -81,20 +81,24 @@ class GatherBoard:
              keep: bool = False, batch: str | None = None) -> asyncio.Future[list[Any] | None]:
         """Join ``values`` (``{rank: value}``); ``batch``: their node batch's id (``None``:
         a batch that arrives once, joined as it comes)."""
-        return self.join_batches(tag, world_size, {batch: values}, keep=keep)
+        return self._join(tag, world_size, [(batch, values)], keep)
 
-    def join_batches(self, tag: str, world_size: int,
-                     batches: Mapping[str | None, Mapping[int, Any]], *,
-                     keep: bool = False) -> asyncio.Future[list[Any] | None]:
+    def join_batches(self, tag: str, world_size: int, batches: Mapping[str, Mapping[int, Any]],
+                     *, keep: bool = False) -> asyncio.Future[list[Any] | None]:
         """Join several node batches at once (``{batch id: {rank: value}}``), each once."""
+        return self._join(tag, world_size, list(batches.items()), keep)
+
+    def _join(self, tag: str, world_size: int,
+              batches: Sequence[tuple[str | None, Mapping[int, Any]]],
+              keep: bool) -> asyncio.Future[list[Any] | None]:
         fut: asyncio.Future[list[Any] | None] = asyncio.get_running_loop().create_future()
         if self._closed or attempt_prefix(tag) in self._released:
-            self.calls += sum(len(v) for v in batches.values())
+            self.calls += sum(len(v) for _, v in batches)
             fut.set_result(None)
             return fut
         done = self._done.get(tag)
         if done is not None and tag not in self._slots:
-            fresh = {b: v for b, v in batches.items() if b is None or b not in done[1]}
+            fresh = [(b, v) for b, v in batches if b is None or b not in done[1]]
             if not fresh:  # every batch here completed it: a second copy
                 fut.set_result(done[0])
                 return fut
@@ -102,7 +106,7 @@ class GatherBoard:
         slot = self._slots.get(tag)
         if slot is None:
             slot = self._slots[tag] = _Slot(int(world_size), keep)
-        for batch, values in batches.items():
+        for batch, values in batches:
             if batch is not None:
                 if batch in slot.batches:
                     continue
