@@ -329,10 +329,10 @@ def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = Non
     host_phase_cpu: dict[str, float] = {}
     gather_calls: dict[str, int] = {}
 
-    def timed(name: str, refs: list[Any]) -> list[Any]:
+    def timed(name: str, submit: Any) -> list[Any]:
+        calls = sum(ray.get([h.gather_calls.remote() for h in hosts]))  # idle: exact
         before = sum(proc.cpu_times()[:2])
-        calls = sum(ray.get([h.gather_calls.remote() for h in hosts]))
-        result = ray.get(refs)
+        result = ray.get(submit())
         phase_cpu[name] = round(sum(proc.cpu_times()[:2]) - before, 2)
         gather_calls[name] = sum(ray.get([h.gather_calls.remote() for h in hosts])) - calls
         return result
@@ -342,18 +342,18 @@ def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = Non
 
     start("setup")
     h0 = hosts_cpu()
-    out["setup_gather_s"] = _span(timed("setup", [h.setup.remote(0) for h in hosts]))
+    out["setup_gather_s"] = _span(timed("setup", lambda: [h.setup.remote(0) for h in hosts]))
     host_phase_cpu["setup"] = round(hosts_cpu() - h0, 2)
     stop("setup")
     start("commit")
     h0 = hosts_cpu()
-    out["commit_gather_s"] = _span(timed("commit", [h.commit.remote() for h in hosts]))
+    out["commit_gather_s"] = _span(timed("commit", lambda: [h.commit.remote() for h in hosts]))
     host_phase_cpu["commit"] = round(hosts_cpu() - h0, 2)
     stop("commit")
     start("diagnosis")
     h0 = hosts_cpu()
-    out["diagnosis_s"] = _span(timed("diagnosis", [h.diagnose.remote(i == 0)
-                                                   for i, h in enumerate(hosts)]))
+    out["diagnosis_s"] = _span(timed("diagnosis", lambda: [h.diagnose.remote(i == 0)
+                                                           for i, h in enumerate(hosts)]))
     host_phase_cpu["diagnosis"] = round(hosts_cpu() - h0, 2)
     stop("diagnosis")
     start("rendezvous")
