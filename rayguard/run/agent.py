@@ -6,8 +6,10 @@ step summaries to the agent on its own node, and the agent talks to the coordina
 per node (:class:`NodeAggregator`):
 
 * a **gather**: the node's ranks' values are batched (sent when every local rank is in, or
-  ``flush_s`` after the first) into one ``gather_many`` call; the coordinator puts the
-  answer into the object store once and every node fetches it once;
+  ``flush_s`` after the first), and the node batches of 32 nodes go on in one call, through
+  the node that relays the group (:mod:`rayguard.run.gather_relay`; straight to the
+  coordinator, ``gather_many``, when that relay is lost); the coordinator puts the answer
+  into the object store once and every node fetches it once;
 * a **fact** a rank waits for (a hang diagnosis opening, a live-recovery notice): one long
   poll per node, its answer handed to every local rank that waits;
 * **step summaries**: sent in one call per node every ``summary_every_s``, a rank's
@@ -35,7 +37,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rayguard.exceptions import RayGuardError
 from rayguard.observe.steps import merge_summaries
+from rayguard.run.gather_relay import GroupGather, RelayedGathers
 from rayguard.run.relay import RelayingUpstream, RelaySender, SummaryRelay
 from rayguard.run.waits import MAX_WAITERS, ErrorsOnly, bounded
 
@@ -79,12 +83,24 @@ class RayUpstream:
         self.actor = actor
 
     async def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
-                          timeout_s: float, keep: bool, root: int | None) -> list[Any] | None:
-        out = await self.actor.gather_many.remote(tag, world_size, values, timeout_s, keep, True,
-                                                  root)
-        if out is None or isinstance(out, ErrorsOnly):
-            return None if out is None else out.values()
-        return await out[0]
+                          timeout_s: float, keep: bool, root: int | None,
+                          batch: str | None = None) -> list[Any] | None:
+        return await self.resolve(await self.actor.gather_many.remote(
+            tag, world_size, values, timeout_s, keep, True, root, batch))
+
+    async def resolve(self, answer: Any) -> list[Any] | None:
+        """A gather's answer as the coordinator sends it, read: fetched from the object
+        store (``[reference]``), or the errors only, by value."""
+        if answer is None or isinstance(answer, ErrorsOnly):
+            return None if answer is None else answer.values()
+        return await answer[0]
+
+    async def gather_group(self, tag: str, world_size: int, batches: dict[str, dict[int, Any]],
+                           timeout_s: float, keep: bool, full: bool, errors: bool) -> Any:
+        """A relay's group of node batches (:mod:`rayguard.run.gather_relay`); the answers
+        are passed on unread (each node fetches its own)."""
+        return await self.actor.gather_group.remote(tag, world_size, batches, timeout_s, keep,
+                                                    full, errors, True)
 
     async def wait_fact(self, key: str, timeout_s: float) -> Any:
         return await self.actor.wait_fact.remote(key, timeout_s)
@@ -235,8 +251,9 @@ class NodeAggregator:
 
 class NodeAgent:
     """The actor body (asyncio): a :class:`NodeAggregator` over the run's coordinator.
-    ``relay``: the agent that relays this node's step summaries (``None``: this one relays
-    its group's, :mod:`rayguard.run.relay`)."""
+    ``relay``: the agent that relays this node's step summaries and gather batches
+    (``None``: this one relays its group's, :mod:`rayguard.run.relay`,
+    :mod:`rayguard.run.gather_relay`)."""
 
     def __init__(self, coordinator: Any, node: str, relay: Any = None) -> None:
         self._coordinator = coordinator
@@ -244,6 +261,9 @@ class NodeAgent:
         self._relay = relay
         self._aggregator: NodeAggregator | None = None
         self._lead: SummaryRelay | None = None
+        self._group: GroupGather | None = None
+        if relay is not None:  # the relay's gather batches wait for this node too
+            relay.joined.remote(node)
 
     @property
     def _agg(self) -> NodeAggregator:
@@ -252,10 +272,15 @@ class NodeAgent:
             if self._relay is None:
                 self._lead = SummaryRelay(self._coordinator.step_summaries_nodes.remote,
                                           every_s=SUMMARY_EVERY_S)
-                upstream = RelayingUpstream(direct, self._lead.add)
+                self._group = GroupGather(direct.gather_group)
+                self._group.join(self._node)
+                gathers = RelayedGathers(direct, self._group.gather, node=self._node)
+                upstream = RelayingUpstream(direct, self._lead.add, gathers)
             else:
                 sender = RelaySender(self._relay.relay_summaries.remote, direct.summaries)
-                upstream = RelayingUpstream(direct, sender.send)
+                gathers = RelayedGathers(direct, self._relay.relay_gather.remote,
+                                         node=self._node, ping=self._relay.ping.remote)
+                upstream = RelayingUpstream(direct, sender.send, gathers)
             self._aggregator = NodeAggregator(upstream, self._node)
         return self._aggregator
 
@@ -265,6 +290,20 @@ class NodeAgent:
             self._lead.add(batch)
         else:  # not a relay (a caller's mistake): straight on
             self._coordinator.step_summaries.remote(batch)
+
+    async def relay_gather(self, tag: str, node: str, batch: str, world_size: int,
+                           values: dict[int, Any], timeout_s: float, keep: bool,
+                           full: bool) -> Any:
+        """Another node's gather batch, sent on with this group's; its answer unread."""
+        if self._agg is None or self._group is None:  # not a relay: the node goes straight
+            raise RayGuardError(f"the agent of node {self._node} relays no group's gathers")
+        return await self._group.gather(tag, node, batch, world_size, values, timeout_s, keep,
+                                        full)
+
+    async def joined(self, node: str) -> None:
+        """``node``'s agent started in this relay's group."""
+        if self._agg is not None and self._group is not None:
+            self._group.join(node)
 
     async def gather(self, tag: str, rank: int, world_size: int, value: Any,
                      timeout_s: float = 1800.0, keep: bool = False, local: int = 0,
@@ -300,7 +339,7 @@ def start_agent(coordinator: Any, coordinator_id: str, node: str, *, pin: bool =
                 relay: Any = None) -> Any:
     """``node``'s agent (called in the coordinator, which thereby owns it); ``pin``: on that
     node (a real node id), else anywhere (a benchmark's simulated node); ``relay``: the
-    agent that relays its step summaries (``None``: it relays its group's)."""
+    agent that relays its step summaries and gathers (``None``: it relays its group's)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -1,9 +1,10 @@
 """RunCoordinator: one small Ray actor per ``fit()`` that outlives worker-group restarts.
 
 It holds what must survive a restart of the worker group: the run's attempts (their one
-owner, :class:`~rayguard.run.attempts.Attempts`), faults already fired, checkpoints already rejected, and the event log; and it offers the one
-collective rayguard needs outside torch.distributed (a gather keyed by tag), so that
-set-up and checkpoint commits work whatever backend (gloo, NCCL) the user's group runs.
+owner, :class:`~rayguard.run.attempts.Attempts`), faults already fired, checkpoints already
+rejected, and the event log; and it offers the one collective rayguard needs outside
+torch.distributed (a gather keyed by tag, :mod:`rayguard.run.gather_host`), so that set-up
+and checkpoint commits work whatever backend (gloo, NCCL) the user's group runs.
 
 An asyncio actor: every method runs on its one event loop thread (no locks), and every wait
 (gathers, facts, the hang diagnosis, the memory tier's) is a future completed by the call
@@ -30,13 +31,15 @@ from rayguard.run.attempts import Attempt, Attempts
 from rayguard.run.diagnosis import Diagnoses, open_key, place_key
 from rayguard.run.facts import CAUSE, KILLED, cause_key, loaded_key, rank_fact
 from rayguard.run.fence import NodeFence
+from rayguard.run.gather_host import GatherHost
 from rayguard.run.memory_host import MemoryHost
 from rayguard.run.relay import relay_of
-from rayguard.run.waits import MAX_WAITERS, Answers, FactBoard, GatherBoard, bounded
+from rayguard.run.waits import MAX_WAITERS, FactBoard, bounded
 
 
-class RunCoordinator(MemoryHost):
-    """The actor body. Create it with :func:`start_coordinator` (its memory-tier methods:
+class RunCoordinator(GatherHost, MemoryHost):
+    """The actor body. Create it with :func:`start_coordinator` (its gathers:
+    :class:`~rayguard.run.gather_host.GatherHost`; its memory-tier methods:
     :class:`~rayguard.run.memory_host.MemoryHost`)."""
 
     def __init__(self, events_file: str, observe: dict[str, Any] | None = None,
@@ -48,8 +51,7 @@ class RunCoordinator(MemoryHost):
         self._claims: set[str] = set()
         self._rejected: dict[str, str] = {}
         self._facts = FactBoard()
-        self._gathers = GatherBoard()
-        self._answers = Answers()
+        self._init_gathers()  # rayguard/run/gather_host.py
         self._agents: dict[str, Any] = {}  # node -> its agent (rayguard/run/agent.py)
         self._failures: dict[int, list[FailureRecord]] = {}
         self._commits: dict[int, int] = {}
@@ -305,30 +307,6 @@ class RunCoordinator(MemoryHost):
         """The attempt's ``hang_diagnosed`` event once decided (``None``: not in time)."""
         return await self._diagnoses.wait(attempt, timeout_s)
 
-    # -- collective (rayguard/run/waits.py) ------------------------------------------------
-    async def gather(self, tag: str, rank: int, world_size: int, value: Any,
-                     timeout_s: float = 1800.0, keep: bool = False, root: int | None = None
-                     ) -> list[Any] | None:
-        """Every rank's value for ``tag`` in rank order once ``world_size`` ranks have called;
-        ``None`` on timeout or when a live recovery released the attempt (a rank died: Ray
-        replaces it or restarts the group). ``keep``: see
-        :class:`~rayguard.run.waits.GatherBoard`; ``root``: only that rank gets every value,
-        the others :func:`~rayguard.run.waits.errors_only`."""
-        return await self.gather_many(tag, world_size, {rank: value}, timeout_s, keep,
-                                      root=root)
-
-    async def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
-                          timeout_s: float = 1800.0, keep: bool = False, by_ref: bool = False,
-                          root: int | None = None) -> Any:
-        """:meth:`gather` for several ranks at once (a node's agent: one call per node): the
-        whole answer when ``root`` is None or one of ``values``, else the errors only.
-        ``by_ref``: the answer as ``[reference]``, put into the object store once for every
-        node that asks (errors only: :class:`~rayguard.run.waits.ErrorsOnly`, by value)."""
-        result = await bounded(self._gathers.join(tag, world_size, values, keep=keep), timeout_s)
-        if result is None:
-            return None
-        return self._answers.answer(result, full=root is None or root in values, by_ref=by_ref)
-
     # -- node agents (rayguard/run/agent.py) -----------------------------------------------
     def node_agent(self, node: str, pin: bool = True) -> Any:
         """The agent of ``node`` (started on first use, owned by this actor: it lives as long
@@ -368,11 +346,6 @@ class RunCoordinator(MemoryHost):
         :mod:`rayguard.run.relay`): each judged and logged as its node's own call was."""
         for batch in batches:
             self.step_summaries(batch)
-
-    def gather_calls(self) -> int:
-        """How many ranks' contributions arrived: a metrics-only report makes none
-        (rayguard.train.agreement)."""
-        return self._gathers.calls
 
 
 def _nodes_alive() -> int | None:

@@ -3,14 +3,15 @@
 A node's agent (:mod:`rayguard.run.agent`) sends its ranks' step summaries in one call every
 ``SUMMARY_EVERY_S``; at 2,048 nodes that is still 400 calls a second to the coordinator, each
 costing it Ray's per-call work. Summaries may be late and may be lost (observing never
-breaks a run), so they, and only they, climb one level more: the agents are taken in groups
+breaks a run), so they climb one level more: the agents are taken in groups
 of :data:`RELAY_NODES` in the order the coordinator started them, the first of each group
 relays (:class:`SummaryRelay`) and sends its group's node batches in one call
 (``step_summaries_nodes``); the coordinator still reads one batch per node (one ``steps``
-event per node, as before). What every rank waits for (gathers, facts, the diagnosis'
-answers) never goes through another node: a lost relay can only delay summaries, and a
-node whose relay is gone sends its own straight to the coordinator from then on
-(:class:`RelayedUpstream`).
+event per node, as before). A lost relay can only delay summaries: a node whose relay is
+gone sends its own straight to the coordinator from then on (:class:`RelaySender`).
+Gathers climb the same level, with a fallback of their own since their answer is waited
+for (:mod:`rayguard.run.gather_relay`); facts and the diagnosis' answers never go through
+another node.
 """
 
 from __future__ import annotations
@@ -99,15 +100,19 @@ class RelaySender:
 
 
 class RelayingUpstream:
-    """An upstream (``inner``) whose step summaries take another way (``summaries``):
-    everything a rank waits for still goes straight to ``inner``."""
+    """An upstream (``inner``) whose step summaries take another way (``summaries``), and its
+    gathers too when ``gathers`` is given (:class:`~rayguard.run.gather_relay.RelayedGathers`:
+    through the group's relay, falling back to ``inner``); facts and the diagnosis' answers
+    still go straight to ``inner``."""
 
-    def __init__(self, inner: Any, summaries: Callable[[Batch], None]) -> None:
+    def __init__(self, inner: Any, summaries: Callable[[Batch], None],
+                 gathers: Any = None) -> None:
         self.inner = inner
         self.summaries = summaries
+        self.gathers = inner if gathers is None else gathers
 
     def gather_many(self, *args: Any) -> Any:
-        return self.inner.gather_many(*args)
+        return self.gathers.gather_many(*args)
 
     def wait_fact(self, key: str, timeout_s: float) -> Any:
         return self.inner.wait_fact(key, timeout_s)

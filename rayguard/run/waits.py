@@ -13,7 +13,8 @@ Call every method from the event loop's thread (the actor's methods run there).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -34,6 +35,8 @@ class _Slot:
     values: dict[int, Any] = field(default_factory=dict)
     waiters: list[asyncio.Future[Any]] = field(default_factory=list)
     result: list[Any] | None = None
+    batches: set[str] = field(default_factory=set)
+    """The ids of the node batches joined (a relayed batch may arrive twice)."""
 
 
 def _settle(waiters: list[asyncio.Future[Any]], value: Any) -> None:
@@ -45,46 +48,91 @@ def _settle(waiters: list[asyncio.Future[Any]], value: Any) -> None:
 
 class GatherBoard:
     """Gathers keyed by tag. :meth:`join` adds one or more ranks' values (a node agent
-    brings its node's ranks at once) and returns a future of every rank's values in rank
-    order, completed when ``world_size`` ranks have joined; ``None`` when the tag's attempt
-    was released (:meth:`release`, a live recovery ended it) or the board closed.
+    brings its node's ranks at once, a relay its group's nodes', :meth:`join_batches`) and
+    returns a future of every rank's values in rank order, completed when ``world_size``
+    ranks have joined; ``None`` when the tag's attempt was released (:meth:`release`, a live
+    recovery ended it) or the board closed.
 
     A gather is forgotten once complete, so a tag used again is a new gather; one joined
     with ``keep=True`` (set-up facts a replacement started later must still find) stays,
     answers every later arrival at once, and takes a later arrival's value in place of the
-    rank's old one."""
+    rank's old one.
+
+    A node batch that names its id (``batch``) is joined once whatever number of times it
+    arrives: a relay's group batch and, after the relay was lost, the node's own copy sent
+    straight here may both come, in either order (:mod:`rayguard.run.gather_relay`). A
+    second copy of a batch that completed a gather is answered with that gather's values
+    (the last :attr:`DONE_KEEP` gathers whose batches had ids are remembered), not taken
+    for the start of a new one."""
+
+    DONE_KEEP = 16
+    """Completed gathers remembered for a late copy of one of their batches."""
 
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
         self._released: set[str] = set()
         self._closed = False
+        self._done: OrderedDict[str, tuple[list[Any], set[str]]] = OrderedDict()
         self.calls = 0
-        """Ranks' contributions received (a metrics-only report makes none)."""
+        """Ranks' contributions received, each counted once (a metrics-only report makes
+        none; a batch that arrives twice counts once)."""
 
     def join(self, tag: str, world_size: int, values: Mapping[int, Any], *,
-             keep: bool = False) -> asyncio.Future[list[Any] | None]:
+             keep: bool = False, batch: str | None = None) -> asyncio.Future[list[Any] | None]:
+        """Join ``values`` (``{rank: value}``); ``batch``: their node batch's id (``None``:
+        a batch that arrives once, joined as it comes)."""
+        return self._join(tag, world_size, [(batch, values)], keep)
+
+    def join_batches(self, tag: str, world_size: int, batches: Mapping[str, Mapping[int, Any]],
+                     *, keep: bool = False) -> asyncio.Future[list[Any] | None]:
+        """Join several node batches at once (``{batch id: {rank: value}}``), each once."""
+        return self._join(tag, world_size, list(batches.items()), keep)
+
+    def _join(self, tag: str, world_size: int,
+              batches: Sequence[tuple[str | None, Mapping[int, Any]]],
+              keep: bool) -> asyncio.Future[list[Any] | None]:
         fut: asyncio.Future[list[Any] | None] = asyncio.get_running_loop().create_future()
-        self.calls += len(values)
         if self._closed or attempt_prefix(tag) in self._released:
+            self.calls += sum(len(v) for _, v in batches)
             fut.set_result(None)
             return fut
+        done = self._done.get(tag)
+        if done is not None and tag not in self._slots:
+            fresh = [(b, v) for b, v in batches if b is None or b not in done[1]]
+            if not fresh:  # every batch here completed it: a second copy
+                fut.set_result(done[0])
+                return fut
+            batches = fresh
         slot = self._slots.get(tag)
         if slot is None:
             slot = self._slots[tag] = _Slot(int(world_size), keep)
-        slot.values.update(values)
+        for batch, values in batches:
+            if batch is not None:
+                if batch in slot.batches:
+                    continue
+                slot.batches.add(batch)
+            slot.values.update(values)
+            self.calls += len(values)
         if slot.result is not None:  # a kept gather, complete: answer with the new values
             slot.result = [slot.values[r] for r in sorted(slot.values)]
             fut.set_result(slot.result)
             return fut
         slot.waiters.append(fut)
         if len(slot.values) >= slot.world_size:
-            result = [slot.values[r] for r in sorted(slot.values)]
-            _settle(slot.waiters, result)
-            if slot.keep:
-                slot.result = result
-            else:
-                del self._slots[tag]
+            self._complete(tag, slot)
         return fut
+
+    def _complete(self, tag: str, slot: _Slot) -> None:
+        result = [slot.values[r] for r in sorted(slot.values)]
+        _settle(slot.waiters, result)
+        if slot.keep:
+            slot.result = result
+            return
+        del self._slots[tag]
+        if slot.batches:
+            self._done[tag] = (result, slot.batches)
+            while len(self._done) > self.DONE_KEEP:
+                self._done.popitem(last=False)
 
     def release(self, prefix: str) -> None:
         """Every gather of the attempt ``prefix`` (``"a3:"``) ends with ``None``, now and
@@ -99,6 +147,7 @@ class GatherBoard:
         for slot in self._slots.values():
             _settle(slot.waiters, None)
         self._slots.clear()
+        self._done.clear()
 
     def pending(self) -> dict[str, int]:
         """``{tag: ranks joined}`` of the gathers not complete (tests, diagnostics)."""
@@ -172,6 +221,20 @@ class ErrorsOnly(NamedTuple):
         return out
 
 
+class GroupAnswer(NamedTuple):
+    """A completed gather's answer as a relay receives it for its group's nodes
+    (:mod:`rayguard.run.gather_relay`): ``full`` for the nodes one of whose ranks needs every
+    value, ``errors`` for the others, each in :class:`Answers`' form (``None``: no node of
+    the group asked for it)."""
+
+    full: Any
+    errors: Any
+
+    def for_node(self, full: bool) -> Any:
+        """What a node gets: the whole answer when one of its ranks needs it (``full``)."""
+        return self.full if full else self.errors
+
+
 class Answers:
     """A completed gather's answers as they go out: whole, or :func:`errors_only`, and as
     an object reference (``by_ref``: put into the object store once for every node that
@@ -214,4 +277,5 @@ async def bounded(fut: asyncio.Future[Any], timeout_s: float | None, *,
         return None
 
 
-__all__ = ["MAX_WAITERS", "Answers", "ErrorsOnly", "FactBoard", "GatherBoard", "attempt_prefix", "bounded", "errors_only"]
+__all__ = ["MAX_WAITERS", "Answers", "ErrorsOnly", "FactBoard", "GatherBoard", "GroupAnswer",
+           "attempt_prefix", "bounded", "errors_only"]

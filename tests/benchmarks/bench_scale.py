@@ -3,8 +3,9 @@ Ray cluster, and N simulated ranks, 8 a node, each node with its real ``NodeAggr
 (rayguard.run.agent) talking to the coordinator over Ray. The ranks are coroutines in a few
 host actors (no torch); a node's ranks call its aggregator in their own process, as a real
 rank calls the agent on its own node. A host's nodes are grouped as the coordinator groups
-real agents (rayguard.run.relay): the first of each 32 relays the group's step summaries,
-in process here (a real node's batch is a call to its relay agent, on the nodes' CPUs).
+real agents (rayguard.run.relay): the first of each 32 relays the group's step summaries
+and gather batches (rayguard.run.gather_relay), in process here (a real node's batch is a
+call to its relay agent, on the nodes' CPUs).
 
     .venv/bin/python tests/benchmarks/bench_scale.py --ranks 8,64,1024,1100,16384 --json
 
@@ -61,19 +62,20 @@ class Host:
         self.fetched: dict[Any, Any] = {}
         self.relays: dict[int, Any] = {}
         self.relayed = 0
+        self.groups: dict[int, Any] = {}  # a relay node -> its GroupGather
+        self.sides: list[Any] = []  # every node's RelayedGathers
         self.stop = False
 
     def _agg(self, node: int) -> Any:
         from rayguard.run.agent import SUMMARY_EVERY_S, NodeAggregator, RayUpstream
-        from rayguard.run.relay import RelayingUpstream, SummaryRelay, relay_of
+        from rayguard.run.gather_relay import GroupGather, RelayedGathers
+        from rayguard.run.relay import RELAY_NODES, RelayingUpstream, SummaryRelay, relay_of
         from rayguard.run.waits import ErrorsOnly
 
         host = self
 
         class SharedFetch(RayUpstream):
-            async def gather_many(self, tag, world_size, values, timeout_s, keep, root):
-                out = await self.actor.gather_many.remote(tag, world_size, values, timeout_s,
-                                                          keep, True, root)
+            async def resolve(self, out):
                 if out is None or isinstance(out, ErrorsOnly):
                     return None if out is None else out.values()
                 ref = out[0]
@@ -84,14 +86,22 @@ class Host:
         if node not in self.aggs:
             upstream = SharedFetch(self.coordinator)
             lead = relay_of(self.nodes.index(node))
-            if lead is None:  # this node relays its group's summaries (rayguard.run.relay)
+            if lead is None:  # this node relays its group's summaries and gathers
                 relay = self.relays[node] = SummaryRelay(
                     self.coordinator.step_summaries_nodes.remote, every_s=SUMMARY_EVERY_S)
                 send = relay.add
+                group = self.groups[node] = GroupGather(upstream.gather_group)
+                at = self.nodes.index(node)
+                for member in self.nodes[at:at + RELAY_NODES]:  # the agents' starts tell a real relay
+                    group.join(f"sim-{member}")
             else:  # a real relay is a call between two agents; here one host holds both
                 self._agg(self.nodes[lead])
                 send = self._relayed(self.relays[self.nodes[lead]])
-            self.aggs[node] = NodeAggregator(RelayingUpstream(upstream, send), f"sim-{node}")
+                group = self.groups[self.nodes[lead]]
+            side = RelayedGathers(upstream, group.gather, node=f"sim-{node}")
+            self.sides.append(side)
+            self.aggs[node] = NodeAggregator(RelayingUpstream(upstream, send, side),
+                                             f"sim-{node}")
         return self.aggs[node]
 
     def _relayed(self, relay: Any) -> Any:
@@ -110,9 +120,17 @@ class Host:
 
     def sent(self) -> int:
         """Calls to the coordinator: the aggregators' and relays', less the node batches
-        of summaries an aggregator gave its group's relay."""
+        of summaries and gathers an aggregator gave its group's relay."""
         return (sum(a.sent for a in self.aggs.values()) - self.relayed
-                + sum(r.sent for r in self.relays.values()))
+                - sum(s.relayed for s in self.sides)
+                + sum(r.sent for r in self.relays.values())
+                + sum(g.sent for g in self.groups.values()))
+
+    def gather_calls(self) -> int:
+        """The gathers' calls to the coordinator so far (node batches sent straight, and
+        the relays' group calls)."""
+        return (sum(g.sent for g in self.groups.values())
+                + sum(s._count - s.relayed for s in self.sides))
 
     def cpu(self) -> float:
         t = os.times()
@@ -309,11 +327,14 @@ def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = Non
             profiled[name] = round(ray.get(coordinator.__ray_call__.remote(_profile_stop, path)), 2)
 
     host_phase_cpu: dict[str, float] = {}
+    gather_calls: dict[str, int] = {}
 
-    def timed(name: str, refs: list[Any]) -> list[Any]:
+    def timed(name: str, submit: Any) -> list[Any]:
+        calls = sum(ray.get([h.gather_calls.remote() for h in hosts]))  # idle: exact
         before = sum(proc.cpu_times()[:2])
-        result = ray.get(refs)
+        result = ray.get(submit())
         phase_cpu[name] = round(sum(proc.cpu_times()[:2]) - before, 2)
+        gather_calls[name] = sum(ray.get([h.gather_calls.remote() for h in hosts])) - calls
         return result
 
     def hosts_cpu() -> float:
@@ -321,18 +342,18 @@ def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = Non
 
     start("setup")
     h0 = hosts_cpu()
-    out["setup_gather_s"] = _span(timed("setup", [h.setup.remote(0) for h in hosts]))
+    out["setup_gather_s"] = _span(timed("setup", lambda: [h.setup.remote(0) for h in hosts]))
     host_phase_cpu["setup"] = round(hosts_cpu() - h0, 2)
     stop("setup")
     start("commit")
     h0 = hosts_cpu()
-    out["commit_gather_s"] = _span(timed("commit", [h.commit.remote() for h in hosts]))
+    out["commit_gather_s"] = _span(timed("commit", lambda: [h.commit.remote() for h in hosts]))
     host_phase_cpu["commit"] = round(hosts_cpu() - h0, 2)
     stop("commit")
     start("diagnosis")
     h0 = hosts_cpu()
-    out["diagnosis_s"] = _span(timed("diagnosis", [h.diagnose.remote(i == 0)
-                                                   for i, h in enumerate(hosts)]))
+    out["diagnosis_s"] = _span(timed("diagnosis", lambda: [h.diagnose.remote(i == 0)
+                                                           for i, h in enumerate(hosts)]))
     host_phase_cpu["diagnosis"] = round(hosts_cpu() - h0, 2)
     stop("diagnosis")
     start("rendezvous")
@@ -359,7 +380,9 @@ def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = Non
     print(f"# {ranks} ranks: hosts_cpu_frac {host_cpu / elapsed:.3f} (aggregators and "
           f"simulated ranks, {hosts_n} processes); the coordinator's CPU seconds in each "
           f"phase: {json.dumps(phase_cpu)}; the hosts' (simulated ranks and their "
-          f"aggregators): {json.dumps(host_phase_cpu)}", file=sys.stderr, flush=True)
+          f"aggregators): {json.dumps(host_phase_cpu)}; gather calls the coordinator "
+          f"received: {json.dumps({k: v for k, v in gather_calls.items() if k != 'diagnosis'})}",
+          file=sys.stderr, flush=True)
     if profile:
         print(f"# {ranks} ranks: the coordinator's event-loop thread under cProfile, seconds "
               f"per phase (with the profiler's own cost; files in {profile}): "

@@ -1,6 +1,7 @@
 """The real coordinator actor past its old thread cap (1,024 waiting calls): 1,100 simulated
 ranks complete a set-up gather straight to it, and a node's ranks through a real node agent
-actor that the coordinator started (one call per node). No workers, no torch: seconds."""
+actor that the coordinator started (one call per node), through their group's relay agent
+and, once it is killed, straight. No workers, no torch: seconds."""
 
 from __future__ import annotations
 
@@ -64,3 +65,23 @@ def test_a_nodes_ranks_gather_through_its_agent_once(coordinator):
     ray.kill(agents[1])  # a lost agent: its ranks' calls raise, no silent wait
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(agents[1].gather.remote("a0:next", 4, 8, "x", 600.0, False, 4), timeout=60)
+
+
+def test_a_lost_relay_leaves_its_group_to_gather_straight(coordinator):
+    """Node sim-0's agent relays its group's gathers (the first started of 32): one call
+    reaches the coordinator for both nodes. Once it is killed, sim-1's agent finds its relay
+    gone (the call raises) and sends its ranks' batch straight to the coordinator; the
+    gather completes, each contribution counted once."""
+    import ray
+
+    agents = [ray.get(coordinator.node_agent.remote(f"sim-{n}", False)) for n in range(2)]
+    assert ray.get([a.ping.remote() for a in agents]) == [True, True]
+    refs = [agents[r // 4].gather.remote("a0:one", r, 8, r, 120.0, False, 4) for r in range(8)]
+    assert ray.get(refs, timeout=120) == [list(range(8))] * 8
+    ray.kill(agents[0])
+    refs = [agents[1].gather.remote("a0:two", r, 8, f"v{r}", 120.0, False, 4)
+            for r in range(4, 8)]
+    own = coordinator.gather_many.remote("a0:two", 8, {r: f"v{r}" for r in range(4)}, 120.0)
+    expected = [f"v{r}" for r in range(8)]
+    assert ray.get(refs, timeout=120) == [expected] * 4 and ray.get(own) == expected
+    assert ray.get(coordinator.gather_calls.remote()) == 16
