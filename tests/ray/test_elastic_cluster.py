@@ -162,7 +162,8 @@ def test_node_loss_and_return_keep_batch_and_data_exact(no_ray, tmp_path):
         (tmp_path / "pause").touch()
         cluster.add_worker_node()
         last = max(r["step"] for r in _records(str(out)))
-        wait_for(lambda: steps_at(3, after=last) >= 1, timeout_s=240, what="growing back to 3")
+        # two steps: the first one's checkpoint is committed (the grow has settled)
+        wait_for(lambda: steps_at(3, after=last) >= 2, timeout_s=240, what="growing back to 3")
 
         def started(attempt: int, ws: int) -> int:
             return len([s for s in _starts(str(out)) if s["attempt"] >= attempt and s["ws"] == ws])
