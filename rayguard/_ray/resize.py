@@ -53,7 +53,7 @@ require_attrs(TrainController, ("_execute_resize_decision", "_run_controller_hoo
 
 logger = logging.getLogger("rayguard")
 
-__all__ = ["GuardController", "free_bundles", "grow_group", "place_fields",
+__all__ = ["GuardController", "align_replica_groups", "free_bundles", "grow_group", "place_fields",
            "reset_barrier", "shrink_group", "start_new", "started_from",
            "survivors_cleared"]
 
@@ -135,6 +135,23 @@ def _set_workers(worker_group: Any, workers: list[Any], groups: list[Any]) -> No
     worker_group._latest_poll_status = None
 
 
+def align_replica_groups(worker_group: Any) -> None:
+    """Put each worker's replica group at its world rank. Ray builds one group per worker in
+    the order it created them, before ``before_init_train_context`` callbacks run; after
+    rayguard's rank order moved the workers (a remap after a restart, NUMA order), group
+    ``i`` held another rank's worker, and whatever goes by group index (Ray's replacement of
+    a failed rank's group, whose new worker takes rank ``i``; a resize in place's shrink)
+    stopped the wrong worker."""
+    groups = list(getattr(worker_group, "_replica_groups", None) or [])
+    workers = list(worker_group.get_workers())
+    owner = {id(w): g for g in groups for w in g.get_workers()}
+    if len(groups) != len(workers) or any(id(w) not in owner for w in workers):
+        return  # no replica groups, or not one per worker (torchft's): Ray's order stands
+    worker_group._replica_groups = [owner[id(w)] for w in workers]
+    worker_group._worker_rank_to_replica_group_rank = {
+        w.distributed_context.world_rank: i for i, w in enumerate(workers)}
+
+
 def survivors_cleared(worker_group: Any, ranks: Sequence[int]) -> None:
     """Clear the result queues of the workers ``ranks`` (no report of the old size reaches
     the new one) and reset the group's synchronization actor (a survivor blocked at a
@@ -171,6 +188,7 @@ def place_fields(worker: Any) -> dict[str, int]:
 def shrink_group(worker_group: Any, keep: Sequence[int]) -> None:
     """Keep the workers of old ranks ``keep`` (new rank ``i`` is ``keep[i]``) and shut down
     the others (lost, or stopped)."""
+    align_replica_groups(worker_group)
     workers = list(worker_group.get_workers())
     groups = list(worker_group._replica_groups or [])
     kept = set(keep)

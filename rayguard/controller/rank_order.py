@@ -142,6 +142,13 @@ class RankOrder(WorkerGroupCallback):
         slots = slots_from_workers([(node, gpus) for node, gpus, _ in worker_slots(workers)])
         self._store_assignment(self._read(ASSIGNMENT_KEY), slots)
 
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        """Each worker's replica group at its world rank, once the workers are in rank
+        order (:func:`rayguard._ray.resize.align_replica_groups`)."""
+        from rayguard._ray.resize import align_replica_groups
+
+        align_replica_groups(worker_group)
+
     def _store_assignment(self, record: Any, slots: list[Any]) -> None:
         from rayguard.elastic.remap import ASSIGNMENT_KEY, next_record
 
