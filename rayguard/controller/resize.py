@@ -129,14 +129,14 @@ class InPlaceResizer:
             if not keys:
                 return True
             now = time.monotonic()
-            if now >= deadline:
-                return False
-            if now >= reset_at:
+            if now >= reset_at:  # before the bound: a wait that ends has reset it once
                 try:
                     reset_barrier(worker_group)
                 except Exception as exc:  # a dead sync actor: the restart path handles it
                     logger.debug("rayguard: report barrier not reset: %s", exc)
                 reset_at = now + BARRIER_RESET_EVERY_S
+            if now >= deadline:
+                return False
             time.sleep(0.05)
 
     def _record(self, plan: ResizePlan, attempt: int, opened: int | None,
