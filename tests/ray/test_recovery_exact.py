@@ -1,8 +1,18 @@
-"""Failure recovery on a real local cluster (2 CPU workers, DDP on gloo): a run with an
-injected kill, hang or NaN finishes with weights bitwise equal to a run without faults, and
-its event log tells what happened."""
+"""Failure recovery on a real local cluster (2 CPU workers, DDP on gloo): a run with injected
+faults finishes with weights bitwise equal to a run without faults, and its event log tells,
+attempt by attempt, what happened.
+
+One fit per checkpoint mode carries its faults in sequence, one per attempt (``attempt=`` in
+the fault spec), each at a later step than the one before, so that each attempt's failure and
+the next attempt's restore are read from the log on their own: a kill of rank 1 and, in sync
+mode, a kill of rank 0 inside the restore itself, a hang of rank 0 (the stall bound), a NaN
+and, in sync mode, an exception. Where each fault's decision is made (the cause, the restore's
+checkpoint, the crash-loop rule) the unit tests prove it over every case; these fits prove
+that the whole path, Ray included, resumes exactly after each."""
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import pytest
 import torch
@@ -11,7 +21,8 @@ import rayguard
 from rayguard.events import read as read_events
 from rayguard.testing.recorder import make_trainer
 
-STEPS = 8
+STEPS = 11
+STALL_S = 8.0
 
 
 def exact_loop(config):
@@ -42,11 +53,11 @@ def exact_loop(config):
         torch.save(model.state_dict(), config["out"])
 
 
-def _fit(tmp_path, name, faults=None, stall=None, mode="sync"):
+def _fit(tmp_path, name, faults=(), mode="sync"):
     out = str(tmp_path / f"{name}.pt")
-    health = rayguard.HealthConfig(stall_timeout_s=stall) if stall else rayguard.HealthConfig()
-    guard = rayguard.GuardConfig(seed=0, faults=faults, health=health, numa="off",
-                                 checkpoint=rayguard.CheckpointConfig(mode=mode))
+    health = rayguard.HealthConfig(stall_timeout_s=STALL_S, max_restarts=max(len(faults), 1))
+    guard = rayguard.GuardConfig(seed=0, faults=";".join(faults) or None, health=health,
+                                 numa="off", checkpoint=rayguard.CheckpointConfig(mode=mode))
     result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out},
                           guard=guard, name=name).fit()
     return torch.load(out, weights_only=True), read_events(result.path)
@@ -56,62 +67,104 @@ def _equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _kinds(events):
-    return [e["kind"] for e in events]
+def _attempts(events):
+    """The run's events by attempt (attempt 0 first)."""
+    by = defaultdict(list)
+    for e in events:
+        if e.get("attempt") is not None:
+            by[e["attempt"]].append(e)
+    return [by[a] for a in range(max(by) + 1)]
+
+
+def _of(events, kind, **fields):
+    return [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in fields.items())]
+
+
+def _restored_step(events):
+    """The step the attempt restored (None: it restored nothing)."""
+    restored = _of(events, "restored")
+    assert len(restored) <= 1, restored
+    return restored[0]["step"] if restored else None
+
+
+def _assert_ended(events, *, cause, rank, died):
+    """The attempt ended in a restart for ``cause``, rank ``rank`` failing with ``died``."""
+    assert [e["cause"] for e in _of(events, "restart")] == [cause]
+    failed = _of(events, "worker_died", rank=rank)
+    assert failed and failed[0]["cause"] == died, failed
+
+
+def _assert_injected(events, *, kind, rank):
+    """An injected fault ended the attempt, and its ``worker_died`` says so on one line."""
+    _assert_ended(events, cause="error" if kind == "raise" else kind, rank=rank,
+                  died=f"injected {kind}")
+    detail = _of(events, "worker_died", rank=rank)[0]["detail"]
+    assert "GuardConfig(faults=...)" in detail and "\n" not in detail
+
+
+def _assert_hang(events, *, rank, step):
+    """The stall bound caught rank ``rank`` stuck after ``step``; its stacks show where."""
+    _assert_ended(events, cause="hang", rank=rank, died="stall")
+    stalls = _of(events, "stall_detected")
+    assert stalls and stalls[0]["rank"] == rank and stalls[0]["step"] == step, stalls
+    with open(stalls[0]["stacks"]) as f:
+        assert "_hang" in f.read()  # the stack dump shows where it was stuck
+
+
+def _assert_nan(events, *, step):
+    """The NaN at ``step`` ended the attempt before a checkpoint of that step committed."""
+    _assert_ended(events, cause="nan", rank=0, died="nan")
+    assert [e["step"] for e in _of(events, "nan_detected")] == [step]
+    assert not _of(events, "checkpoint_committed", step=step)
 
 
 @pytest.fixture(scope="module")
 def clean(ray_local_module, tmp_path_factory):
     weights, events = _fit(tmp_path_factory.mktemp("clean"), "clean")
-    assert "restart" not in _kinds(events)
+    assert not _of(events, "restart") and events[-1]["kind"] == "finished"
+    assert [e["step"] for e in _of(events, "checkpoint_committed")] == list(range(STEPS))
     return weights
 
 
-MODES = pytest.mark.parametrize("mode", ["sync", "async"])
-
-
-@pytest.mark.compat  # also run on the oldest supported Ray
-@MODES
-def test_kill_rank1_resumes_exactly(clean, tmp_path, mode):
-    weights, events = _fit(tmp_path, "kill", faults="kill:rank=1,step=5", mode=mode)
+@pytest.mark.compat  # also run on the oldest supported Ray: a kill that resumes exactly
+def test_sync_faults_in_sequence_resume_exactly(clean, tmp_path):
+    faults = ("kill:rank=1,step=3,attempt=0",   # attempt 0
+              "kill:rank=0,at=load,attempt=1",  # attempt 1: inside the restore itself
+              "hang:rank=0,step=5,attempt=2",   # attempt 2: rank 0 stuck in step 5
+              "nan:rank=0,step=7,attempt=3",
+              "raise:rank=0,step=9,attempt=4")
+    weights, events = _fit(tmp_path, "sync", faults, mode="sync")
     assert _equal(weights, clean)
-    kinds = _kinds(events)
-    assert "worker_died" in kinds and "restart" in kinds and "restored" in kinds
-    restored = [e for e in events if e["kind"] == "restored"]
-    # the checkpoint before the kill; in async mode step 4's may still have been persisting
-    assert restored[0]["step"] == 4 if mode == "sync" else restored[0]["step"] in (3, 4)
-    died = [e for e in events if e["kind"] == "worker_died" and e["rank"] == 1]
-    assert died[0]["cause"] == "injected kill" and "GuardConfig(faults=...)" in died[0]["detail"]
-    assert "\n" not in died[0]["detail"]
-    assert kinds[-1] == "finished"
+    a = _attempts(events)
+    assert len(a) == 6 and [e["kind"] for e in a[5]][-1] == "finished"
+    _assert_injected(a[0], kind="kill", rank=1)
+    assert _restored_step(a[0]) is None
+    _assert_injected(a[1], kind="kill", rank=0)
+    assert _restored_step(a[1]) is None  # killed before it restored
+    _assert_hang(a[2], rank=0, step=4)
+    assert _restored_step(a[2]) == 2  # the checkpoint before the kill, once the restore lived
+    _assert_nan(a[3], step=7)
+    assert _restored_step(a[3]) == 4  # the last one before the hang
+    _assert_injected(a[4], kind="raise", rank=0)
+    assert _restored_step(a[4]) == 6  # the one before the NaN
+    assert _restored_step(a[5]) == 8
+    assert not _of(a[5], "restart")
 
 
-@MODES
-def test_hang_rank0_is_detected_and_resumes_exactly(clean, tmp_path, mode):
-    weights, events = _fit(tmp_path, "hang", faults="hang:rank=0,step=3", stall=8.0, mode=mode)
+@pytest.mark.compat  # also run on the oldest supported Ray: a kill that resumes exactly
+def test_async_faults_in_sequence_resume_exactly(clean, tmp_path):
+    faults = ("kill:rank=1,step=3,attempt=0",
+              "hang:rank=0,step=5,attempt=1",
+              "nan:rank=0,step=7,attempt=2")
+    weights, events = _fit(tmp_path, "async", faults, mode="async")
     assert _equal(weights, clean)
-    stalls = [e for e in events if e["kind"] == "stall_detected"]
-    assert stalls and stalls[0]["rank"] == 0 and stalls[0]["step"] == 2
-    with open(stalls[0]["stacks"]) as f:
-        assert "_hang" in f.read()  # the stack dump shows where it was stuck
-
-
-@MODES
-def test_nan_restarts_from_checkpoint_before_it(clean, tmp_path, mode):
-    weights, events = _fit(tmp_path, "nan", faults="nan:rank=0,step=4", mode=mode)
-    assert _equal(weights, clean)
-    nans = [e for e in events if e["kind"] == "nan_detected"]
-    assert nans[0]["step"] == 4
-    restored = [e for e in events if e["kind"] == "restored"]
-    assert restored[-1]["step"] == 3
-    # No checkpoint was committed for the NaN step in the attempt that saw it.
-    assert not [e for e in events if e["kind"] == "checkpoint_committed"
-                and e["step"] == 4 and e["attempt"] == 0]
-
-
-def test_two_faults_and_a_fault_during_restore(clean, tmp_path):
-    faults = "kill:rank=1,step=2;kill:rank=0,at=load,attempt=1;raise:rank=0,step=6"
-    weights, events = _fit(tmp_path, "multi", faults=faults)
-    assert _equal(weights, clean)
-    assert _kinds(events).count("restart") == 3
-    assert max(e["attempt"] for e in events if e["attempt"] is not None) == 3
+    a = _attempts(events)
+    assert len(a) == 4 and [e["kind"] for e in a[3]][-1] == "finished"
+    _assert_injected(a[0], kind="kill", rank=1)
+    # the checkpoint before the kill: step 2's may still have been persisting
+    assert _restored_step(a[1]) in (1, 2)
+    _assert_hang(a[1], rank=0, step=4)
+    assert _restored_step(a[2]) in (3, 4)  # likewise step 4's, before the hang
+    _assert_nan(a[2], step=7)
+    assert _restored_step(a[3]) == 6  # the one before the NaN: no NaN step was committed
+    assert not _of(a[3], "restart")
