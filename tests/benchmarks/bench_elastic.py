@@ -9,9 +9,10 @@
    [1, 4096]. Baseline: Ray Train's own rank ordering
    (``WorkerGroup._sort_workers_by_gpu_id_grouped_by_node``) of the same 4096 workers, which
    assigns fresh ranks and keeps no mapping. Target: remap + valid sizes < 50 ms.
-2. Resize: a 3-node simulated cluster (one CPU, one worker per node), elastic (1, 3); a node is
-   removed mid-run and later added back. Reported: seconds from the removal to the first
-   completed step on 2 workers, and from the addition to the first step on 3 workers, for plain
+2. Resize: a 3-node (``--nodes 2``: 2-node) simulated cluster (one CPU, one worker per
+   node), elastic (1, nodes); a node is removed mid-run and later added back. Reported:
+   seconds from the removal to the first completed step on one worker fewer, and from the
+   addition to the first step on all of them again, for plain
    ``TorchTrainer`` (the baseline) and for ``rayguard.RobustTrainer`` (same loop, a checkpoint
    every step) under each of ``--modes`` (``GuardConfig(recovery=)``, default both):
    ``restart`` restarts the worker group at each resize, ``live`` resizes it in place. Also
@@ -89,10 +90,10 @@ def _log_step(out: str, ws: int, rank: int, step: int) -> None:
                             "step": step}) + "\n")
 
 
-HOLDS = {4: 3, 8: 2}
-"""The resize schedule: after committing step ``k``, a world of ``HOLDS[k]`` workers waits
-there until its size changes (the driver removes a node at step 4 on 3 workers and adds one
-at step 8 on 2), so every trainer resizes at the same steps and the final models compare."""
+SHRINK_AT, GROW_AT = 4, 8
+"""The resize schedule: after committing step 4 the full world waits there until a node is
+removed, after step 8 the smaller one until a node is added, so every trainer resizes at the
+same steps and the final models compare."""
 STOP = 12
 GLOBAL = 6
 
@@ -100,7 +101,7 @@ GLOBAL = 6
 def _hold(config: dict, step: int, ws: int, rank: int, beat: Callable[[], None]) -> None:
     """At a scheduled step, wait (feeding the watchdog) until the group is resized: in place,
     ``beat`` raises at the resize notice; on a restart, the process is ended."""
-    if HOLDS.get(step) != ws:
+    if {SHRINK_AT: config["nodes"], GROW_AT: config["nodes"] - 1}.get(step) != ws:
         return
     open(os.path.join(config["out"], f"held-{step}-{ws}-{rank}"), "w").close()
     deadline = time.time() + 180
@@ -218,11 +219,12 @@ def _phases(result: Any) -> None:
                   f"{' (new worker)' if e.get('replacement') else ''}: {phases}")
 
 
-def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int, str]:
+def resize_trial(kind: str, nodes: int = 3, step_s: float = 0.3) -> tuple[float, float, int, str]:
     """One removal and one addition. ``kind``: ``"ray"`` (plain ``TorchTrainer``) or one of
     :data:`MODES` (``RobustTrainer`` under that ``GuardConfig(recovery=)``). Returns the
     seconds from the removal to the first step on 2 workers, from the addition to the first
-    step on 3, the number of processes rank 0 ran in, and the final model's digest."""
+    step on 3, the number of processes rank 0 ran in, and the final model's digest. ``nodes``:
+    the cluster's worker nodes (2 or 3), one worker each."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -232,11 +234,11 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int, str
     root = tempfile.mkdtemp(prefix=f"bench-elastic-{kind}-")
     out = os.path.join(root, "steps")
     os.makedirs(out)
-    config = {"out": out, "step_s": step_s}
-    scaling = ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1},
+    config = {"out": out, "step_s": step_s, "nodes": nodes}
+    scaling = ScalingConfig(num_workers=(1, nodes), resources_per_worker={"CPU": 1},
                             elastic_resize_monitor_interval_s=1.0)
     run = RunConfig(storage_path=root, name=kind, failure_config=FailureConfig(max_failures=-1))
-    with SimulatedCluster(worker_nodes=3) as cluster:
+    with SimulatedCluster(worker_nodes=nodes) as cluster:
         if kind == "ray":
             os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.05")  # same poll as rayguard
             trainer: Any = TorchTrainer(plain_loop, train_loop_config=config, scaling_config=scaling, run_config=run)
@@ -251,14 +253,15 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int, str
             ts = [e["t"] for e in _events(out) if e["ws"] == ws and e["t"] > after]
             return min(ts) if ts else None
 
-        wait_for(lambda: _held(out, 4, 3), timeout_s=240, what="3 workers at step 4")
+        wait_for(lambda: _held(out, SHRINK_AT, nodes), timeout_s=240, what=f"{nodes} workers at step 4")
         t_remove = time.time()
         cluster.remove_worker_node()
-        t_shrunk = wait_for(lambda: first_step(2, t_remove), timeout_s=240, what="first step on 2 workers")
-        wait_for(lambda: _held(out, 8, 2), timeout_s=240, what="2 workers at step 8")
+        t_shrunk = wait_for(lambda: first_step(nodes - 1, t_remove), timeout_s=240,
+                            what="first step on one worker fewer")
+        wait_for(lambda: _held(out, GROW_AT, nodes - 1), timeout_s=240, what="the smaller world at step 8")
         t_add = time.time()
         cluster.add_worker_node()
-        t_grown = wait_for(lambda: first_step(3, t_add), timeout_s=240, what="first step on 3 workers")
+        t_grown = wait_for(lambda: first_step(nodes, t_add), timeout_s=240, what="first step on all workers")
         result = cluster.join(thread, timeout_s=120)
     _phases(result)
     rank0_pids = {e["pid"] for e in _events(out) if e["rank"] == 0}
@@ -269,12 +272,13 @@ def resize_trial(kind: str, step_s: float = 0.3) -> tuple[float, float, int, str
     return t_shrunk - t_remove, t_grown - t_add, len(rank0_pids), digest
 
 
-def print_table(kinds: list[str], results: dict[str, list[tuple[float, float, int, str]]]) -> None:
+def print_table(kinds: list[str], results: dict[str, list[tuple[float, float, int, str]]],
+                nodes: int = 3) -> None:
     """The medians of each trainer side by side, with restart/live when both ran."""
     names = {"ray": "Ray", "restart": "restart", "live": "live"}
     both = "restart" in kinds and "live" in kinds
-    rows = [("node removed -> first step at 2 workers (s)", 0, ".1f"),
-            ("node added   -> first step at 3 workers (s)", 1, ".1f"),
+    rows = [(f"node removed -> first step at {nodes - 1} workers (s)", 0, ".1f"),
+            (f"node added   -> first step at {nodes} workers (s)", 1, ".1f"),
             ("processes rank 0 ran in", 2, ".0f")]
     print("".ljust(46) + "".join(names[k].rjust(10) for k in kinds)
           + ("restart/live".rjust(14) if both else ""))
@@ -290,6 +294,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="planners only")
     parser.add_argument("--trials", type=int, default=1, help="resize trials per trainer")
+    parser.add_argument("--nodes", type=int, default=3, choices=(2, 3),
+                        help="simulated worker nodes, one worker each (default 3)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma list of GuardConfig(recovery=) modes RobustTrainer runs "
                              "under, side by side (restart, live; default both)")
@@ -304,20 +310,21 @@ def main(argv: list[str]) -> int:
     results: dict[str, list[tuple[float, float, int, str]]] = {k: [] for k in kinds}
     for _ in range(args.trials):
         for kind in kinds:
-            results[kind].append(resize_trial(kind))
+            results[kind].append(resize_trial(kind, nodes=args.nodes))
             shrunk, grown, pids, digest = results[kind][-1]
-            print(f"  trial {kind}: removal -> step on 2: {shrunk:.1f} s, addition -> step on 3: "
+            print(f"  trial {kind}: removal -> step on {args.nodes - 1}: {shrunk:.1f} s, addition "
+                  f"-> step on {args.nodes}: "
                   f"{grown:.1f} s, rank 0 in {pids} process(es)"
                   + (f", final model {digest[:12]}" if digest else ""), flush=True)
     med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
            for k, v in results.items()}
-    print(f"resize on a simulated 3-node cluster (median of {args.trials}; shared, loaded machine):")
+    print(f"resize on a simulated {args.nodes}-node cluster (median of {args.trials}; shared, loaded machine):")
     for mode in kinds[1:]:
-        print(f"  node removed -> first step at 2 workers: Ray {med['ray'][0]:6.1f} s, rayguard "
+        print(f"  node removed -> first step at {args.nodes - 1} workers: Ray {med['ray'][0]:6.1f} s, rayguard "
               f"{mode} {med[mode][0]:6.1f} s  ({med['ray'][0] / med[mode][0]:.1f}x faster)")
-        print(f"  node added   -> first step at 3 workers: Ray {med['ray'][1]:6.1f} s, rayguard "
+        print(f"  node added   -> first step at {args.nodes} workers: Ray {med['ray'][1]:6.1f} s, rayguard "
               f"{mode} {med[mode][1]:6.1f} s  ({med['ray'][1] / med[mode][1]:.1f}x faster)")
-    print_table(kinds, results)
+    print_table(kinds, results, args.nodes)
     digests = {k: {r[3] for r in results[k]} for k in kinds[1:]}
     if "restart" in digests and "live" in digests:
         same = len(digests["restart"] | digests["live"]) == 1
