@@ -13,6 +13,12 @@ These filters drop the last two, each only where it says nothing rayguard does n
   connection errors, :func:`rayguard.failures.patterns.reads_as_collateral`); a user's own
   exception keeps Ray's traceback.
 
+And in a worker, one more: Ray stops a worker with SIGTERM, and its handler raises
+``SystemExit``; when the signal lands while the process is already exiting, the exception is
+raised inside whichever exit callback runs (torch's library finalizers) and Python prints
+"Exception ignored in atexit callback" with a traceback. From the start of the worker's exit,
+a SIGTERM ends the process at once (:func:`quiet_worker` registers it).
+
 At ``RAYGUARD_LOG_LEVEL=DEBUG`` nothing is dropped. Relies on the loggers of
 ``ray.train.v2._internal.callbacks.backend_setup`` and ``ray.train.v2._internal.util``
 (their messages as in Ray 2.59 and 2.60); a Ray that logs otherwise is left alone.
@@ -65,9 +71,30 @@ def quiet_controller() -> None:
     _install(BACKEND_LOGGER, _DropShutdownNoise)
 
 
+_EXIT_QUIETED: list[bool] = []
+
+
+def _exit_on_sigterm() -> None:
+    """Registered with ``atexit`` after torch's finalizers, so it runs before them."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # not the main thread: Ray's handler stays
+        pass
+
+
 def quiet_worker() -> None:
-    """In a worker: drop Ray's traceback of an error that follows a peer's loss."""
+    """In a worker: drop Ray's traceback of an error that follows a peer's loss, and the
+    traceback of a stop signal that lands while the process exits."""
+    from rayguard.logs import log_level
+
     _install(TRAIN_FN_LOGGER, _DropPeerLossTraceback)
+    if not _EXIT_QUIETED and log_level() > logging.DEBUG:
+        import atexit
+
+        atexit.register(_exit_on_sigterm)
+        _EXIT_QUIETED.append(True)
 
 
 __all__ = ["quiet_controller", "quiet_worker", "peer_loss"]

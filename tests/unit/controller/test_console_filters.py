@@ -82,3 +82,44 @@ def test_rays_dump_of_a_retried_failure_is_left_to_debug(monkeypatch):
     monkeypatch.setenv("RAYGUARD_LOG_LEVEL", "DEBUG")
     policy._log_decision(FailureDecision.RETRY, None, 1, 3)
     assert logged[-1] == FailureDecision.RETRY
+
+
+EXITING = '''
+import os, signal, sys, time, weakref
+
+def ray_sigterm_handler(signum, frame):  # as Ray's worker: a stop signal raises SystemExit
+    raise SystemExit(1)
+
+signal.signal(signal.SIGTERM, ray_sigterm_handler)
+
+class Library:  # as torch's op libraries, finalized at exit
+    pass
+
+library = Library()
+
+def stopped_while_exiting():
+    os.kill(os.getpid(), signal.SIGTERM)  # Ray stops the worker as it exits
+    time.sleep(1)
+
+weakref.finalize(library, stopped_while_exiting)
+if sys.argv[1] == "quiet":
+    from rayguard._ray.console import quiet_worker
+    quiet_worker()
+'''
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_stop_signal_while_the_worker_exits_prints_no_traceback(quiet, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAYGUARD_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", EXITING, "quiet" if quiet else "plain"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    if quiet:
+        assert done.stderr == "" and done.returncode == -signal.SIGTERM, done.stderr
+    else:  # what a worker printed: the control that shows the test can fail
+        assert "Exception ignored in atexit callback" in done.stderr
+        assert "SystemExit" in done.stderr
