@@ -173,9 +173,10 @@ class RobustTrainer(GuardHooksTrainer):
         return policies
 
     def controller_class(self) -> type | None:
-        """Live recovery on an elastic run: a controller whose size changes can be made in
-        place (:mod:`rayguard._ray.resize`)."""
-        if not (self._live and self.scaling_config.elasticity_enabled):
+        """Live recovery: a controller whose size changes can be made in place and whose
+        replacement of a worker alone falls back to a group restart
+        (:mod:`rayguard._ray.resize`)."""
+        if not self._live:
             return None
         from rayguard._ray.resize import GuardController
 

@@ -59,14 +59,24 @@ __all__ = ["GuardController", "align_replica_groups", "free_bundles", "grow_grou
 
 
 class GuardController(TrainController):
-    """Ray Train's controller, whose size changes rayguard's callback may make in place."""
+    """Ray Train's controller under live recovery: its size changes rayguard's callback may
+    make in place (an elastic run), and a worker replaced alone that meets another dead
+    worker restarts the whole group instead of ending the run."""
 
     def _execute_resize_decision(self, decision: Any) -> Any:
         group, size = self._worker_group, int(decision.num_workers)
         resizer: Any = next((cb for cb in self._controller_callbacks
                              if hasattr(cb, "resize_in_place")), None)
         if resizer is None or group is None or not resizer.wants_resize(group, size):
-            return super()._execute_resize_decision(decision)
+            try:
+                return super()._execute_resize_decision(decision)
+            except ray.exceptions.RayActorError as exc:
+                # a worker replaced alone (live recovery) found another worker of the group
+                # dead too (its replacement calls every other worker first); Ray would end
+                # the run with a ControllerError it never retries: the whole group restarts
+                if resizer is not None:
+                    resizer.replacement_failed(exc)
+                return _restart(self, decision)
         failure = self._run_controller_hook("before_controller_execute_resize_decision",
                                             decision)
         if failure:

@@ -334,6 +334,17 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             "restart", f"{detail} in attempt {opened.number}", attempt=old,
             **plan.event_fields(), next_attempt=opened.number))
 
+    def replacement_failed(self, error: BaseException) -> None:
+        """Ray's replacement of a worker alone met another dead worker: the whole group
+        restarts (the ``restart`` event says so)."""
+        from rayguard.failures.messages import one_line
+
+        why = (f"live recovery falls back to a restart of the whole group: the replacement "
+               f"of a worker alone found another worker dead ({one_line(error)[:160]})")
+        self.coordinator.record.remote(make_event(
+            "restart", f"worker group restarts after attempt {self._attempt} ({why})",
+            attempt=self._attempt, fallback=why))
+
     def wants_resize(self, worker_group: Any, new_world: int) -> bool:
         """Whether the size change to ``new_world`` is this callback's to make (a lost
         node's shrink, or another size on an elastic live run); ``False``: Ray's own path
