@@ -363,8 +363,10 @@ class GuardedTrainFn:
     def _form_group(self, link: RunLink, setup_start_time: float, *, replacement: bool
                     ) -> dict[str, Any]:
         """Live recovery: a replacement, or a survivor that rejoins, has no process group;
-        form it with the others (``{"path": "live", ...}`` for the attempt's event)."""
-        if not self.live or link.ctx.world_size < 2:
+        form it with the others (``{"path": "live", ...}`` for the attempt's event). A world
+        of one too: a survivor that an elastic run shrank to one worker in place left its
+        group, and the loop's collectives need one, as after Ray's own set-up."""
+        if not self.live:
             return {}
         import torch.distributed as dist
 
