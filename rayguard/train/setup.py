@@ -362,10 +362,8 @@ class GuardedTrainFn:
 
     def _form_group(self, link: RunLink, setup_start_time: float, *, replacement: bool
                     ) -> dict[str, Any]:
-        """Live recovery: a replacement, or a survivor that rejoins, has no process group;
-        form it with the others (``{"path": "live", ...}`` for the attempt's event). A world
-        of one too: a survivor that an elastic run shrank to one worker in place left its
-        group, and the loop's collectives need one, as after Ray's own set-up."""
+        """Live recovery: a replacement, or a survivor that rejoins (even alone: shrunk to one
+        in place), has no process group; form it (``{"path": "live", ...}`` for the event)."""
         if not self.live:
             return {}
         import torch.distributed as dist

@@ -8,7 +8,12 @@ the next attempt's restore are read from the log on their own: a kill of rank 1 
 mode, a kill of rank 0 inside the restore itself, a hang of rank 0 (the stall bound), a NaN
 and, in sync mode, an exception. Where each fault's decision is made (the cause, the restore's
 checkpoint, the crash-loop rule) the unit tests prove it over every case; these fits prove
-that the whole path, Ray included, resumes exactly after each."""
+that the whole path, Ray included, resumes exactly after each.
+
+These are the whole-group restart's fits (``GuardConfig(recovery="restart")``): under live
+recovery, the default, the same exactness is proved by ``test_live_replace.py`` (a rank
+replaced alone), ``test_rollback_live.py`` (a NaN rolled back in place) and
+``test_scale_workers.py`` (a kill at 16 workers), each bitwise against a clean run."""
 
 from __future__ import annotations
 
@@ -57,7 +62,8 @@ def _fit(tmp_path, name, faults=(), mode="sync"):
     out = str(tmp_path / f"{name}.pt")
     health = rayguard.HealthConfig(stall_timeout_s=STALL_S, max_restarts=max(len(faults), 1))
     guard = rayguard.GuardConfig(seed=0, faults=";".join(faults) or None, health=health,
-                                 numa="off", checkpoint=rayguard.CheckpointConfig(mode=mode))
+                                 numa="off", checkpoint=rayguard.CheckpointConfig(mode=mode),
+                                 recovery="restart")
     result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out},
                           guard=guard, name=name).fit()
     return torch.load(out, weights_only=True), read_events(result.path)
