@@ -7,23 +7,22 @@ concatenated raw 32-byte chunk digests. An empty file has no chunks and its dige
 BLAKE3); every function here takes ``scheme=``, the process's selection when omitted, and
 a reader passes the scheme its manifest names. Chunks are independent, so they hash on
 several cores at once (hashlib and blake3 release the GIL), both while a shard is written
-and while it is read back; memory stays bounded by the chunks in flight.
+(here) and while it is read back (:mod:`rayguard.checkpoint.file_digests`); memory stays
+bounded by the chunks in flight.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from rayguard.checkpoint.fsio import pread_exact
 from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES, Hasher, current, factory
 
 MAX_HASH_THREADS = 16
 IN_FLIGHT_PER_THREAD = 4
-"""Chunks queued per hashing thread (bounds the futures and buffers :func:`hash_files` holds)."""
+"""Chunks queued per hashing thread (bounds the futures and buffers
+:func:`~rayguard.checkpoint.file_digests.hash_files` holds)."""
 
 
 def default_threads() -> int:
@@ -132,145 +131,9 @@ class StreamHasher:
                 f.exception()  # wait, so no task still reads memory the caller frees
 
 
-_local = threading.local()
-
-
-def _hash_file_chunk(path: str, index: int, length: int, chunk_size: int,
-                     new: Callable[[], Hasher], buf: bytearray | None = None) -> bytes:
-    if buf is None:  # a pool thread's buffer, kept for its next chunks
-        buf = getattr(_local, "buf", None)
-        if buf is None or len(buf) < chunk_size:
-            buf = _local.buf = bytearray(chunk_size)
-    view = memoryview(buf)[:length]
-    # never through a link, never blocking on a FIFO swapped in after the caller's stat
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        pread_exact(fd, view, index * chunk_size, path)
-    finally:
-        os.close(fd)
-    h = new()
-    h.update(view)
-    return h.digest()
-
-
-def hash_files(
-    paths: Sequence[str | os.PathLike[str]], *, threads: int | None = None, chunk_size: int = CHUNK_SIZE_BYTES,
-    scheme: str | None = None,
-) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
-    """Digest several files at once, every chunk of every file in parallel (files of at most
-    ``INLINE_BYTES`` in all, such as DCP's ``.metadata`` and small plain shards, in the
-    caller's thread: starting the pool's threads cost more than hashing them).
-
-    Small pieces go to the pool together (:func:`_batches`: up to ``BATCH_PIECES`` of them,
-    ``INLINE_BYTES`` in all, per task), so 65,536 small files are 1,024 tasks, not 65,536.
-    At most ``IN_FLIGHT_PER_THREAD`` tasks per thread are queued at a time (in file order),
-    so the pool's memory does not grow with the checkpoint's size.
-    Returns, per path, (file digest, chunk digests) or the error that stopped its read.
-    """
-    n_threads = threads or default_threads()
-    scheme = scheme or current()
-    new = factory(scheme)
-    errors: dict[int, OSError | EOFError] = {}
-    digests: list[list[bytes]] = [[] for _ in paths]
-    sizes = _sizes(paths, errors)  # one stat per file
-
-    def pieces() -> Iterator[Piece]:
-        for k, p in enumerate(paths):
-            size = sizes[k]
-            for i in range(-(-size // chunk_size)):
-                yield k, str(p), i, min(chunk_size, size - i * chunk_size)
-
-    def keep(k: int, result: bytes | OSError | EOFError) -> None:
-        if isinstance(result, bytes):
-            digests[k].append(result)
-        else:
-            errors.setdefault(k, result)
-
-    if sum(sizes) <= INLINE_BYTES:  # .metadata, small plain shards: no pool to start
-        for k, path, i, length in pieces():
-            if k not in errors:
-                keep(k, _hash_piece(path, i, length, chunk_size, new, bytearray(length)))
-        return _results(paths, digests, errors, scheme)
-    window: deque[tuple[list[Piece], Future[list[bytes | OSError | EOFError]]]] = deque()
-
-    def settle() -> None:
-        batch, future = window.popleft()
-        for (k, *_), result in zip(batch, future.result(), strict=True):
-            keep(k, result)
-
-    with ThreadPoolExecutor(n_threads, thread_name_prefix="rg-hash") as pool:
-        for batch in _batches(p for p in pieces() if p[0] not in errors):
-            window.append((batch, pool.submit(_hash_pieces, batch, chunk_size, new)))
-            if len(window) >= n_threads * IN_FLIGHT_PER_THREAD:
-                settle()
-        while window:
-            settle()
-    return _results(paths, digests, errors, scheme)
-
-
-Piece = tuple[int, str, int, int]
-"""(file index, path, chunk index, length): one chunk to read and hash."""
-
-
-def _batches(pieces: Iterable[Piece]) -> Iterator[list[Piece]]:
-    """Consecutive pieces, grouped: a group holds at most ``BATCH_PIECES`` pieces of
-    ``INLINE_BYTES`` in all, or one larger piece (a whole chunk is a task of its own)."""
-    batch: list[Piece] = []
-    nbytes = 0
-    for piece in pieces:
-        if batch and (nbytes + piece[3] > INLINE_BYTES or len(batch) >= BATCH_PIECES):
-            yield batch
-            batch, nbytes = [], 0
-        batch.append(piece)
-        nbytes += piece[3]
-    if batch:
-        yield batch
-
-
-def _hash_piece(path: str, index: int, length: int, chunk_size: int,
-                new: Callable[[], Hasher], buf: bytearray | None = None) -> bytes | OSError | EOFError:
-    try:
-        return _hash_file_chunk(path, index, length, chunk_size, new, buf)
-    except (OSError, EOFError) as exc:
-        return exc
-
-
-def _hash_pieces(batch: list[Piece], chunk_size: int,
-                 new: Callable[[], Hasher]) -> list[bytes | OSError | EOFError]:
-    """A pool task: each piece's digest, or the error that stopped its read."""
-    return [_hash_piece(path, i, length, chunk_size, new) for _, path, i, length in batch]
-
-
-def _sizes(paths: Sequence[str | os.PathLike[str]], errors: dict[int, OSError | EOFError]) -> list[int]:
-    """Each file's size; a file that cannot be stat'ed counts 0 and its error goes into
-    ``errors`` (its result)."""
-    out = []
-    for k, p in enumerate(paths):
-        try:
-            out.append(os.stat(p).st_size)
-        except OSError as exc:
-            errors[k] = exc
-            out.append(0)
-    return out
-
-
-def _results(paths: Sequence[str | os.PathLike[str]], digests: list[list[bytes]],
-             errors: dict[int, OSError | EOFError],
-             scheme: str) -> list[tuple[str, tuple[str, ...]] | OSError | EOFError]:
-    out: list[tuple[str, tuple[str, ...]] | OSError | EOFError] = []
-    for k in range(len(paths)):
-        if k in errors:
-            out.append(errors[k])
-        else:
-            out.append((combine(digests[k], scheme), tuple(d.hex() for d in digests[k])))
-    return out
-
-
 INLINE_BYTES = 1024 * 1024
 """Files of at most this much in all are hashed in the caller's thread (a pool costs more);
 in the pool, pieces smaller than this share a task, up to this much in all."""
-BATCH_PIECES = 64
-"""The most pieces in one pool task (so small files still spread over the threads)."""
 
 
 def _update(h: Hasher, view: memoryview) -> None:

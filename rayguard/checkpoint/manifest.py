@@ -226,21 +226,21 @@ def _dict_field(value: Any, name: str) -> dict[str, Any]:
 
 
 def _file_record(f: Any, scheme: str) -> FileRecord:
-    if not isinstance(f, dict):
+    """One entry, checked (written out: it runs once per file of a 65,536-file manifest; the
+    parser gives exact types, so ``type(x) is int`` is ``int_field``'s test where it passes)."""
+    if type(f) is not dict:
         raise ValueError(f"a file entry is a {type(f).__name__}, not an object")
-    if not isinstance(f["path"], str) or not isinstance(f["digest"], str):
+    path, digest, rank, size = f["path"], f["digest"], f["rank"], f["size_bytes"]
+    if type(path) is not str or type(digest) is not str:
         raise ValueError(f"file entry {str(f)[:200]} has a non-string path or digest")
     chunks = f.get("chunk_digests", [])
-    if not isinstance(chunks, list) or not all(isinstance(d, str) for d in chunks):
-        raise ValueError(f"file {f['path'][:200]!r}: chunk_digests is not a list of strings")
-    return FileRecord(
-        path=f["path"],
-        rank=safejson.int_field(f["rank"], "rank", 0, MAX_WORLD_SIZE),
-        size_bytes=safejson.int_field(f["size_bytes"], "size_bytes", 0, MAX_FILE_BYTES),
-        digest=f["digest"],
-        chunk_digests=tuple(chunks),
-        scheme=scheme,
-    )
+    if type(chunks) is not list or any(type(d) is not str for d in chunks):
+        raise ValueError(f"file {path[:200]!r}: chunk_digests is not a list of strings")
+    if type(rank) is not int or not 0 <= rank <= MAX_WORLD_SIZE:
+        rank = safejson.int_field(rank, "rank", 0, MAX_WORLD_SIZE)  # raises, naming it
+    if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+        size = safejson.int_field(size, "size_bytes", 0, MAX_FILE_BYTES)
+    return FileRecord(path, rank, size, digest, tuple(chunks), scheme)
 
 
 def _check_consistency(m: Manifest, ranks: Any, where: str) -> None:
@@ -286,11 +286,10 @@ def is_plain_relative(rel: str) -> bool:
     leading ``/``, no ``\\``, ``:`` or NUL (so no Windows drive or root either), and no
     empty, ``.`` or ``..`` part. Every such path passes :func:`check_relative_path`; the
     others get its full check (``pathlib``: 0.45 s over 65,536 files, against 0.035 s)."""
-    return (bool(rel) and rel[0] != "/" and "\\" not in rel and ":" not in rel
-            and "\x00" not in rel and not any(p in _ODD_PARTS for p in rel.split("/")))
-
-
-_ODD_PARTS = frozenset(("", ".", ".."))
+    if not rel or "\\" in rel or ":" in rel or "\x00" in rel:
+        return False
+    framed = f"/{rel}/"  # every part between two slashes: an empty, "." or ".." part is found
+    return "//" not in framed and "/./" not in framed and "/../" not in framed  # by search
 
 
 def check_relative_path(rel: str) -> None:

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rayguard.checkpoint.file_digests import hash_files
 from rayguard.checkpoint.fsio import atomic_write_bytes
-from rayguard.checkpoint.hashing import hash_files
 from rayguard.checkpoint.manifest import (
     MANIFEST_NAME,
     FileRecord,

@@ -29,7 +29,7 @@ from rayguard.checkpoint.dcp_layout import (
     files_of_rank,
     owner_of,
 )
-from rayguard.checkpoint.hashing import hash_files
+from rayguard.checkpoint.file_digests import hash_files
 from rayguard.checkpoint.manifest import FileRecord, Manifest
 from rayguard.checkpoint.schemes import current
 from rayguard.checkpoint.verify import VerifyReport, verify

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayguard.checkpoint import schemes
-from rayguard.checkpoint.hashing import StreamHasher, WriteHasher, combine, digest_bytes, hash_files
+from rayguard.checkpoint.file_digests import hash_files
+from rayguard.checkpoint.hashing import StreamHasher, WriteHasher, combine, digest_bytes
 
 CHUNK = 1000  # small chunks so the properties exercise many boundaries
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rayguard import checkpoint as ck
-from rayguard.checkpoint import hashing, rejections
+from rayguard.checkpoint import file_digests, hashing, rejections
 from rayguard.checkpoint import sharded as sh
 from rayguard.checkpoint.commit import commit, staging_dir_for
 from rayguard.checkpoint.manifest import MANIFEST_NAME
@@ -239,7 +239,7 @@ def test_hash_files_keeps_a_bounded_number_of_chunks_in_flight(tmp_path):
     path.write_bytes(os.urandom(64 * 100_000))
     tracemalloc.start()
     try:
-        (digest, chunks), = hashing.hash_files([path], threads=2, chunk_size=64)
+        (digest, chunks), = file_digests.hash_files([path], threads=2, chunk_size=64)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rayguard.checkpoint import hashing
+from rayguard.checkpoint import file_digests, hashing
 from rayguard.checkpoint import sharded as sh
 
 
@@ -58,7 +58,7 @@ def test_hashing_writer_digests_equal_a_reread(tmp_path: Path):
     dcp.save(_dcp_state(), storage_writer=writer, no_dist=True)
     data_files = sorted(n for n in os.listdir(tmp_path / "dcp") if n.endswith(".distcp"))
     assert sorted(writer.digests) == data_files and data_files
-    reread = hashing.hash_files([tmp_path / "dcp" / n for n in data_files])
+    reread = file_digests.hash_files([tmp_path / "dcp" / n for n in data_files])
     for name, again in zip(data_files, reread, strict=True):
         size, digest, chunks = writer.digests[name]
         assert size == os.path.getsize(tmp_path / "dcp" / name)
