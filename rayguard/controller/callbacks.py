@@ -97,11 +97,10 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._failed: set[int] = set()  # the ranks failed at the last poll
         self._world = 0  # the ranks the last poll saw
         self._plan: RecoveryPath | None = None  # the path of the last poll's failure
-        self._live: tuple[Attempt, Any] | None = None
-        self._resized: tuple[int | None, tuple[int, int] | None] = (None, None)
-        """The attempt a resize in place opened, and its (old, new) world size."""
+        self._live: tuple[Attempt, Any, tuple[int, int] | None] | None = None
         """The live attempt this group runs, with the last committed checkpoint when it
-        opened; ``None``: the group's own start."""
+        opened and, when a resize in place opened it, its (old, new) world size; ``None``:
+        the group's own start."""
         self.elastic = elastic
         """The run's size may change (``ScalingConfig(num_workers=(min, max))``)."""
         self.resizer: InPlaceResizer | None = (
@@ -109,10 +108,10 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         """Live recovery on an elastic run: size changes are made in place where they can
         be (:mod:`rayguard.controller.resize`)."""
         self._shrink: frozenset[int] | None = None
+        """The ranks a lost node took, when the next size change is their shrink."""
         self._restarting = False
         """The last failure's recovery restarts the whole group: Ray's next size decision
         (its restart) is not made in place, whatever its size."""
-        """The ranks a lost node took, when the next size change is their shrink."""
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         """Runs in the controller before each worker group starts: a new attempt, placed off
@@ -261,10 +260,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         """The failed attempt as a live recovery opened it (``None``: it was not one)."""
         if self._live is None or self._live[0].number != self._attempt:
             return None
-        opened, committed = self._live
+        opened, committed, resized = self._live
         now = self._committed()
         settled = now is not _UNKNOWN and committed is not _UNKNOWN and now != committed
-        resized = self._resized[1] if self._resized[0] == opened.number else None
         return LiveAttempt(opened.number, opened.replaced, settled=settled, resized=resized)
 
     def _committed(self) -> Any:
@@ -329,7 +327,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         opened: Attempt = ray.get(self.coordinator.open_attempt.remote(LIVE, old, ranks, detail),
                                   timeout=30)
         self._attempt = opened.number
-        self._live = (opened, committed)
+        self._live = (opened, committed, None)
         self.coordinator.record.remote(make_event(
             "restart", f"{detail} in attempt {opened.number}", attempt=old,
             **plan.event_fields(), next_attempt=opened.number))
@@ -371,8 +369,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         if opened is None:
             return False
         self._attempt = opened.number
-        self._live = (opened, committed)
-        self._resized = (opened.number, (old_world, new_world))
+        self._live = (opened, committed, (old_world, new_world))
         self._nodes = group_nodes(worker_group)
         return True
 

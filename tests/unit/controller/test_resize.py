@@ -325,7 +325,7 @@ def test_resize_in_place_hands_the_shrink_to_the_resizer_and_runs_its_attempt(
     (asked,) = callback.resizer.asked  # type: ignore[union-attr]
     assert asked == {"group": group, "new_world": 2, "attempt": 0,
                      "failed": frozenset({2, 3}), "on_placed": placed}
-    assert callback._attempt == 1 and callback._live == (opened, "ckpt-4")
+    assert callback._attempt == 1 and callback._live == (opened, "ckpt-4", (2, 2))
     assert callback._nodes == ["n0", "n0"]
     assert callback._shrink is None  # used once
     assert not callback.wants_resize(group, 2)
