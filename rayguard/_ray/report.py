@@ -27,8 +27,35 @@ except ImportError as _exc:  # a Ray whose Train V2 internals moved
 require_attrs(_train_fn_utils, ("get_train_fn_utils", "set_train_fn_utils"),
               "ray.train.v2._internal.execution.train_fn_utils", "guarding ray.train.report")
 
-__all__ = ["CheckpointUploadMode", "current_train_fn_utils", "default_upload",
-           "install_train_fn_utils"]
+__all__ = ["ATTEMPT_TAG", "AttemptTagged", "CheckpointUploadMode", "current_train_fn_utils",
+           "default_upload", "install_train_fn_utils", "untagged"]
+
+ATTEMPT_TAG = "_rayguard_attempt"
+"""The metric a live run's worker adds to each report: the attempt it was made in (taken off
+in the controller before Ray sees the report: :mod:`rayguard._ray.stale_reports`)."""
+
+
+class AttemptTagged:
+    """Ray's ``TrainFnUtils`` ``inner`` whose reports carry the attempt they are made in
+    (``attempt()``, read when the report is made), so that the controller can drop a failed
+    attempt's report that reaches it after live recovery began; everything else is
+    ``inner``'s."""
+
+    def __init__(self, inner: Any, attempt: Any) -> None:
+        self.untagged = untagged(inner)
+        self.attempt = attempt
+
+    def report(self, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        return self.untagged.report({**metrics, ATTEMPT_TAG: int(self.attempt())},
+                                    *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.untagged, name)
+
+
+def untagged(utils: Any) -> Any:
+    """Ray's own ``TrainFnUtils`` behind ``utils`` (``utils`` itself when not tagged)."""
+    return utils.untagged if isinstance(utils, AttemptTagged) else utils
 
 
 def current_train_fn_utils() -> Any:

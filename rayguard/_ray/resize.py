@@ -12,7 +12,8 @@ actor reset, the train context initialised on new workers.
 
 Relies on (Ray 2.59 and 2.60): ``TrainController._execute_resize_decision``,
 ``_run_controller_hook``, ``_get_run_attempt_id``, ``_state``, ``_worker_group``,
-``_controller_callbacks``; ``TrainControllerLoopIterationResult``; ``RunningState``;
+``_controller_callbacks``, ``_callbacks``, ``_worker_group_callbacks_to_propagate``;
+``TrainControllerLoopIterationResult``; ``RunningState``;
 ``WorkerGroup``'s ``_replica_groups``, ``_worker_rank_to_replica_group_rank``,
 ``_world_rank_to_ongoing_poll``, ``_worker_group_state`` (``WorkerGroupState``: frozen,
 ``start_time``, ``placement_group_handle``, ``workers``, ``sync_actor``),
@@ -61,7 +62,17 @@ __all__ = ["GuardController", "align_replica_groups", "free_bundles", "grow_grou
 class GuardController(TrainController):
     """Ray Train's controller under live recovery: its size changes rayguard's callback may
     make in place (an elastic run), and a worker replaced alone that meets another dead
-    worker restarts the whole group instead of ending the run."""
+    worker restarts the whole group instead of ending the run; a failed attempt's report
+    that the replacement releases is dropped (:mod:`rayguard._ray.stale_reports`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from rayguard._ray.stale_reports import StaleReports
+
+        guard = next((cb for cb in self._callbacks if hasattr(cb, "report_floor")), None)
+        if guard is not None:  # before Ray's report handler (its first): no stale pairing
+            self._worker_group_callbacks_to_propagate.insert(
+                0, StaleReports(lambda: guard.report_floor))
 
     def _execute_resize_decision(self, decision: Any) -> Any:
         group, size = self._worker_group, int(decision.num_workers)

@@ -113,6 +113,11 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         """The last failure's recovery restarts the whole group: Ray's next size decision
         (its restart) is not made in place, whatever its size."""
 
+    @property
+    def report_floor(self) -> int:
+        """A report made before this attempt is a failed one's (-1: the group's own start)."""
+        return -1 if self._live is None else self._live[0].number
+
     def before_worker_group_start(self, worker_group_context: Any) -> None:
         """Runs in the controller before each worker group starts: a new attempt, placed off
         the quarantined nodes (merged with the user's ``label_selector``)."""

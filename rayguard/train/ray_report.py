@@ -46,9 +46,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from rayguard._ray.report import (
+    AttemptTagged,
     CheckpointUploadMode,
     current_train_fn_utils,
     install_train_fn_utils,
+    untagged,
 )
 from rayguard.run.facts import loaded_key
 from rayguard.run.link import RunLink
@@ -342,10 +344,11 @@ class GuardedTrainFnUtils:
         return getattr(self._bridge.inner, name)
 
 
-def ray_own_utils() -> Any:
+def ray_own_utils(ctx: Any = None) -> Any:
     """Ray's own ``TrainFnUtils`` of this worker (before :func:`install` puts rayguard in
-    front of it)."""
-    return current_train_fn_utils()
+    front of it); with ``ctx`` (live recovery), its reports carry ``ctx.attempt``."""
+    own = untagged(current_train_fn_utils())
+    return own if ctx is None else AttemptTagged(own, lambda: ctx.attempt)
 
 
 def raw_report_of(inner: Any) -> Callable[..., None]:
@@ -364,4 +367,4 @@ def install(bridge: RayReportBridge) -> RayReportBridge:
 
 
 def uninstall(bridge: RayReportBridge) -> None:
-    install_train_fn_utils(bridge.inner)
+    install_train_fn_utils(untagged(bridge.inner))

@@ -342,7 +342,7 @@ class GuardedTrainFn:
             seed_everything(ctx.seed, deterministic=self.guard.deterministic)
         register_serializers(self.guard)
         apply_elastic(ctx, self.guard, previous)
-        inner = ray_report.ray_own_utils()
+        inner = ray_report.ray_own_utils(ctx if self.live else None)  # reports' attempt
         session = self._session(link, watchdog, store, faults, inner)
         last_step.session = session
         set_context(ctx)
