@@ -215,17 +215,19 @@ class GuardConfig:
     """How ``report(state=...)`` persists: ``CheckpointConfig(mode="sync"|"async",
     memory_tier=...)``."""
 
-    recovery: RecoveryMode = "restart"
-    """How a failure is recovered. ``"restart"`` (default): Ray Train restarts the whole
-    worker group. ``"live"``: a failed worker of a group of 2 or more on Ray's
-    ``TorchConfig`` is replaced alone while the others keep their processes and rejoin
-    (elsewhere, a one-worker run or another backend, the worker group restarts); an elastic
-    run whose node is lost or returns is resized in place where it can be, the workers that
-    stay keeping their processes (docs/elastic.md); a NaN/inf (``nan_policy="restart"``)
-    makes every rank agree at that report and re-enter the training function in its own
-    process from the last committed checkpoint (memory tier or disk), in
-    ``rayguard.train.report`` and ``ray.train.report`` loops alike. Either is counted like a restart (``FailureConfig(max_failures)``). Live
-    recovery is not the default yet: docs/fault-tolerance.md says which cases are not safe."""
+    recovery: RecoveryMode = "live"
+    """How a failure is recovered. ``"live"`` (default): a failed worker of a group of 2 or
+    more on Ray's ``TorchConfig`` is replaced alone while the others keep their processes and
+    rejoin (elsewhere, a one-worker run or another backend, the worker group restarts); an
+    elastic run whose node is lost or returns is resized in place where it can be, the
+    workers that stay keeping their processes (docs/elastic.md); a NaN/inf
+    (``nan_policy="restart"``) makes every rank agree at that report and re-enter the
+    training function in its own process from the last committed checkpoint (memory tier or
+    disk), in ``rayguard.train.report`` and ``ray.train.report`` loops alike; where a live
+    recovery cannot be made (a second worker dead, a replacement that fails before its first
+    commit, ...) the whole group restarts once, and the ``restart`` event says why.
+    ``"restart"``: Ray Train restarts the whole worker group at every failure. Either is
+    counted like a restart (``FailureConfig(max_failures)``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, CheckpointConfig):
@@ -243,7 +245,7 @@ class GuardConfig:
                                "pass health=rayguard.HealthConfig(...)")
         if self.recovery not in ("restart", "live"):
             raise config_error("GuardConfig", "recovery", self.recovery,
-                               'must be "restart" or "live"', 'pass recovery="restart" (the default) or "live"')
+                               'must be "restart" or "live"', 'pass recovery="live" (the default) or "restart"')
         if self.numa not in ("auto", "strict", "off"):
             raise config_error("GuardConfig", "numa", self.numa, 'must be "auto", "strict" or "off"',
                                'pass numa="auto"')

@@ -2,9 +2,9 @@
 ``TorchTrainer`` for ``RobustTrainer`` (no ``GuardConfig``), a driver of its own with the
 default console output (tests/ray/user_loop_driver.py, on the shared local cluster).
 
-* one SIGKILL of rank 1: the group restarts from the last checkpoint (the default); the
-  replay and the progress line are counted in the loop's units (an epoch, or its optimizer
-  steps: not the whole run);
+* one SIGKILL of rank 1: replaced alone (live recovery, the default), rank 0 keeping its
+  process, from the last checkpoint; the replay and the progress line are counted in the
+  loop's units (an epoch, or its optimizer steps: not the whole run);
 * the console of that run against the same run without the kill: at most 15 more lines and
   no traceback;
 * a ``RunConfig`` used for both fits is not changed by the first;
@@ -59,15 +59,16 @@ def test_a_plain_swap_epoch_loop_killed_once(ray_local, tmp_path):
     assert quiet["epoch"] == killed["epoch"] == 7
     assert out["env_untouched"]  # the first fit wrote nothing into the caller's RunConfig
 
-    # the group restart (the default): rank 0 ran every epoch, at most one twice, in two
-    # processes
+    # live recovery (the default): rank 1 replaced alone; rank 0 kept its process and ran
+    # every epoch, at most one twice
     epochs = [e for e, _ in killed["pids"]]
-    assert len({pid for _, pid in killed["pids"]}) == 2, killed["pids"]
+    assert len({pid for _, pid in killed["pids"]}) == 1, killed["pids"]
     assert sorted(set(epochs)) == list(range(8)) and 0 <= len(epochs) - 8 <= 1, epochs
 
     events = read_events(killed["run_dir"])
     restarts = [e for e in events if e.get("kind") == "restart"]
-    assert len(restarts) == 1 and "path" not in restarts[0], restarts
+    assert len(restarts) == 1 and restarts[0].get("path") == "live", restarts
+    assert restarts[0]["ranks"] == [1]
     goodput = compute_goodput(events)
     assert goodput.step_unit == "epoch", goodput
     # one epoch's 4 optimizer steps at most, not the 140 "steps" of a count from 0

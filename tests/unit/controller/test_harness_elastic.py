@@ -33,6 +33,9 @@ def sizes(h):
 
 
 def elastic(harness, num_workers, nodes, loop=forever, **guard):
+    """The whole-group restart path of elastic runs (the resize in place needs real
+    workers: tests/unit/controller/test_resize.py, tests/ray/test_elastic_cluster.py)."""
+    guard.setdefault("recovery", "restart")
     return harness(loop, num_workers=num_workers, nodes=nodes,
                    failure_config=FailureConfig(max_failures=4),
                    elastic_resize_monitor_interval_s=0.0,
@@ -100,7 +103,8 @@ def test_a_straggler_node_is_left_out_at_the_next_resize(harness):
     h = harness(slow_on_slow_node, num_workers=(1, 2), nodes={"fast": 1, "slow": 1},
                 step_s=0.05, elastic_resize_monitor_interval_s=0.0,
                 failure_config=FailureConfig(max_failures=2),
-                guard=rayguard.GuardConfig(numa="off", preflight=False, health=health)).run()
+                guard=rayguard.GuardConfig(numa="off", preflight=False, health=health,
+                                           recovery="restart")).run()
     assert h.state == "FINISHED"
     (fenced,) = h.events("node_quarantined")
     assert (fenced["node"], fenced["reason"]) == (h.node("slow"), "straggler")
@@ -123,6 +127,7 @@ def test_without_eviction_a_straggler_is_only_reported(harness):
                                    straggler_threshold=1.5)
     h = harness(slow_on_slow_node, num_workers=(1, 2), nodes={"fast": 1, "slow": 1},
                 step_s=0.05, elastic_resize_monitor_interval_s=0.0,
-                guard=rayguard.GuardConfig(numa="off", preflight=False, health=health)).run()
+                guard=rayguard.GuardConfig(numa="off", preflight=False, health=health,
+                                           recovery="restart")).run()
     assert h.state == "FINISHED" and h.events("straggler")
     assert "node_quarantined" not in h.kinds() and len(h.groups) == 1

@@ -170,9 +170,9 @@ def test_replica_groups_replace_the_failed_rank_alone_without_a_new_attempt(harn
     assert h.kinds().count("attempt_started") == 1  # no worker-group restart
 
 
-def test_the_group_restart_is_the_default(harness):
+def test_live_recovery_is_the_default(harness):
     h = harness(until(10, kill_at(1, 5)), num_workers=2).run()
-    assert h.state == "FINISHED" and paths(h) == [(None, None)]
+    assert h.state == "FINISHED" and paths(h) == [("live", [1])]
 
 
 def test_without_live_recovery_every_failure_restarts_the_group(harness):

@@ -115,8 +115,10 @@ def test_the_live_backend_is_chosen_only_where_a_worker_can_be_replaced_alone():
     config = kwargs["torch_config"]
     assert isinstance(config, LiveTorchConfig) and config.backend == "gloo"
     assert config.timeout_s == 77 and config.backend_cls.has_replica_groups
-    assert rayguard.GuardConfig().recovery == "restart"  # the default: live is opt-in
-    assert not apply_live(rayguard.GuardConfig(), {"scaling_config": ScalingConfig(num_workers=2)})
+    assert rayguard.GuardConfig().recovery == "live"  # the default
+    assert apply_live(rayguard.GuardConfig(), {"scaling_config": ScalingConfig(num_workers=2)})
+    restart = rayguard.GuardConfig(recovery="restart")  # the opt-out
+    assert not apply_live(restart, {"scaling_config": ScalingConfig(num_workers=2)})
     elastic = {"scaling_config": ScalingConfig(num_workers=(1, 2))}
     assert apply_live(live, elastic)  # its size changes are made in place where they can be
     assert isinstance(elastic["torch_config"], LiveTorchConfig)
