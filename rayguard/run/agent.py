@@ -16,10 +16,17 @@ per node (:class:`NodeAggregator`):
   summaries of one batch merged into one (:func:`rayguard.observe.steps.merge_summaries`),
   through the node's relay: one call per 32 nodes reaches the coordinator
   (:mod:`rayguard.run.relay`);
-* **hang-diagnosis answers**: the node's ranks' answers in one call (batched as a gather).
+* **hang-diagnosis answers**: the node's ranks' answers in one call (batched as a gather);
+* **messages** (events, facts a rank leaves, failure records): one call per node with one in
+  flight, each rank's call answered once the coordinator has its message
+  (:mod:`rayguard.run.outbox`); a rank sends one straight when its agent did not take it;
+* **reads and claims**: a fact as it is now, read once per node for the keys its ranks ask
+  within a few milliseconds; a claim asked once per node (:mod:`rayguard.run.node_asks`).
 
-What the coordinator receives then grows with nodes, not ranks. Everything else a rank
-says (events, failures, claims, marks) still goes straight to the coordinator: it is rare.
+What the coordinator receives then grows with nodes, not ranks. What stays per rank,
+straight to the coordinator, is what one rank does alone: rank 0's attempt, progress,
+rejections and highest step, the hang diagnosis' opening and decision, and the memory
+tier's calls (:mod:`rayguard.run.memory_link`).
 
 The agent is an actor created by the coordinator (which owns it, so it lives as long as
 the run, not as any worker), pinned to its node, named so that a rank finds it through
@@ -33,15 +40,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rayguard.exceptions import RayGuardError
 from rayguard.observe.steps import merge_summaries
 from rayguard.run.gather_relay import GroupGather, RelayedGathers
+from rayguard.run.node_asks import NodeClaims, NodeReads
+from rayguard.run.outbox import Outbox
 from rayguard.run.relay import RelayingUpstream, RelaySender, SummaryRelay
-from rayguard.run.waits import MAX_WAITERS, ErrorsOnly, bounded
+from rayguard.run.upstream import RayUpstream, Upstream
+from rayguard.run.waits import MAX_WAITERS, bounded
 
 logger = logging.getLogger("rayguard")
 
@@ -57,60 +67,6 @@ own every 5 s by default, so this adds at most one interval to the straggler rul
 window; the coordinator then hears nodes/5 summary calls a second)."""
 HOLD_S = 30.0
 """The long poll of a watched fact (the coordinator answers at once when it appears)."""
-
-
-class Upstream(Protocol):
-    """What an aggregator asks of the run's coordinator."""
-
-    def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
-                    timeout_s: float, keep: bool, root: int | None
-                    ) -> Awaitable[list[Any] | None]: ...
-
-    def wait_fact(self, key: str, timeout_s: float) -> Awaitable[Any]: ...
-
-    def summaries(self, batch: list[dict[str, Any]]) -> None: ...
-
-    def answer_diagnosis_many(self, attempt: int,
-                              answers: dict[int, dict[str, Any]]) -> Awaitable[None]: ...
-
-
-class RayUpstream:
-    """The coordinator actor as an :class:`Upstream`: a gather's answer comes as an object
-    reference (put once by the coordinator for every node), fetched here once, or, when the
-    node gets the errors only, by value (:class:`~rayguard.run.waits.ErrorsOnly`)."""
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    async def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
-                          timeout_s: float, keep: bool, root: int | None,
-                          batch: str | None = None) -> list[Any] | None:
-        return await self.resolve(await self.actor.gather_many.remote(
-            tag, world_size, values, timeout_s, keep, True, root, batch))
-
-    async def resolve(self, answer: Any) -> list[Any] | None:
-        """A gather's answer as the coordinator sends it, read: fetched from the object
-        store (``[reference]``), or the errors only, by value."""
-        if answer is None or isinstance(answer, ErrorsOnly):
-            return None if answer is None else answer.values()
-        return await answer[0]
-
-    async def gather_group(self, tag: str, world_size: int, batches: dict[str, dict[int, Any]],
-                           timeout_s: float, keep: bool, full: bool, errors: bool) -> Any:
-        """A relay's group of node batches (:mod:`rayguard.run.gather_relay`); the answers
-        are passed on unread (each node fetches its own)."""
-        return await self.actor.gather_group.remote(tag, world_size, batches, timeout_s, keep,
-                                                    full, errors, True)
-
-    async def wait_fact(self, key: str, timeout_s: float) -> Any:
-        return await self.actor.wait_fact.remote(key, timeout_s)
-
-    def summaries(self, batch: list[dict[str, Any]]) -> None:
-        self.actor.step_summaries.remote(batch)
-
-    async def answer_diagnosis_many(self, attempt: int,
-                                    answers: dict[int, dict[str, Any]]) -> None:
-        await self.actor.answer_diagnosis_many.remote(attempt, answers)
 
 
 @dataclass
@@ -146,6 +102,14 @@ class NodeAggregator:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sent = 0
         """Calls made to the coordinator (gathers, fact polls, summary batches)."""
+        self.outbox = Outbox(lambda batch: self.upstream.deliver(batch))
+        self.reads = NodeReads(lambda keys: self.upstream.get_many(keys))
+        self.claims = NodeClaims(lambda key: self.upstream.claim(key))
+
+    @property
+    def calls(self) -> int:
+        """Every call made to the coordinator (:attr:`sent`, messages, reads, claims)."""
+        return self.sent + self.outbox.sent + self.reads.sent + self.claims.sent
 
     # -- gathers ---------------------------------------------------------------------------
     async def gather(self, tag: str, rank: int, world_size: int, value: Any,
@@ -206,6 +170,20 @@ class NodeAggregator:
     async def _poll(self, key: str) -> Any:
         self.sent += 1
         return await self.upstream.wait_fact(key, self.hold_s)
+
+    # -- messages, reads and claims (rayguard/run/outbox.py, rayguard/run/node_asks.py) ----
+    async def deliver(self, kind: str, mid: str, payload: Any) -> None:
+        """A rank's message, sent with the node's others; returns once the coordinator has
+        it (raises what the call to the coordinator raised)."""
+        await self.outbox.post((kind, mid, payload))
+
+    async def read(self, key: str) -> Any:
+        """The fact ``key`` as it is now, read with the node's other reads."""
+        return await self.reads.read(key)
+
+    async def claim(self, key: str) -> bool:
+        """Whether the asking rank is the run's first to claim ``key`` (once per node)."""
+        return await self.claims.claim(key)
 
     # -- hang-diagnosis answers -------------------------------------------------------------
     async def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any],
@@ -322,8 +300,17 @@ class NodeAgent:
                                local: int = 0) -> None:
         await self._agg.answer_diagnosis(attempt, rank, answer, local)
 
+    async def deliver(self, kind: str, mid: str, payload: Any) -> None:
+        await self._agg.deliver(kind, mid, payload)
+
+    async def read(self, key: str) -> Any:
+        return await self._agg.read(key)
+
+    async def claim(self, key: str) -> bool:
+        return await self._agg.claim(key)
+
     async def sent(self) -> int:
-        return self._agg.sent
+        return self._agg.calls
 
     def ping(self) -> bool:
         return True
@@ -375,5 +362,5 @@ def find_agent(coordinator: Any, node: str, timeout_s: float | None = None) -> A
         return ray.get(coordinator.node_agent.remote(node), timeout=timeout_s)
 
 
-__all__ = ["AGENT_MIN_WORLD", "NodeAgent", "NodeAggregator", "RayUpstream", "agent_name",
-           "find_agent", "start_agent", "wants_agents"]
+__all__ = ["AGENT_MIN_WORLD", "NodeAgent", "NodeAggregator", "RayUpstream", "Upstream",
+           "agent_name", "find_agent", "start_agent", "wants_agents"]

@@ -33,6 +33,7 @@ from rayguard.run.facts import CAUSE, KILLED, cause_key, loaded_key, rank_fact
 from rayguard.run.fence import NodeFence
 from rayguard.run.gather_host import GatherHost
 from rayguard.run.memory_host import MemoryHost
+from rayguard.run.outbox import EVENT, FACT, FAILURE, Delivered, Message
 from rayguard.run.relay import relay_of
 from rayguard.run.waits import MAX_WAITERS, FactBoard, bounded
 
@@ -51,6 +52,7 @@ class RunCoordinator(GatherHost, MemoryHost):
         self._claims: set[str] = set()
         self._rejected: dict[str, str] = {}
         self._facts = FactBoard()
+        self._delivered = Delivered()  # message ids acted on (rayguard/run/outbox.py)
         self._init_gathers()  # rayguard/run/gather_host.py
         self._agents: dict[str, Any] = {}  # node -> its agent (rayguard/run/agent.py)
         self._failures: dict[int, list[FailureRecord]] = {}
@@ -125,6 +127,19 @@ class RunCoordinator(GatherHost, MemoryHost):
         if progress.get("attempt") == event.get("attempt") and isinstance(step, int):
             event.setdefault("last_step", step)
             event.setdefault("last_step_time", progress.get("time"))
+
+    def deliver(self, messages: list[Message]) -> None:
+        """Ranks' messages (a node's, sent together by its agent, or one a rank sent straight
+        when its agent did not take it), in order; each id is acted on once."""
+        for kind, mid, payload in messages:
+            if not self._delivered.first(mid):
+                continue
+            if kind == EVENT:
+                self.record(payload)
+            elif kind == FACT:
+                self.put(*payload)
+            elif kind == FAILURE:
+                self.record_failure(*payload)
 
     def step_summary(self, summary: dict[str, Any]) -> None:
         """A rank's step timing since its last summary (fire-and-forget from the worker):
@@ -268,6 +283,9 @@ class RunCoordinator(GatherHost, MemoryHost):
 
     def get(self, key: str, default: Any = None) -> Any:
         return self._facts.get(key, default)
+
+    def get_many(self, keys: list[str]) -> list[Any]:  # a node's reads (rayguard/run/node_asks.py)
+        return [self._facts.get(k) for k in keys]
 
     def present(self, keys: list[str]) -> list[str]:  # those of ``keys`` that hold a fact
         return [k for k in keys if self._facts.get(k) is not None]

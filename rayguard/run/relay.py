@@ -10,8 +10,9 @@ relays (:class:`SummaryRelay`) and sends its group's node batches in one call
 event per node, as before). A lost relay can only delay summaries: a node whose relay is
 gone sends its own straight to the coordinator from then on (:class:`RelaySender`).
 Gathers climb the same level, with a fallback of their own since their answer is waited
-for (:mod:`rayguard.run.gather_relay`); facts and the diagnosis' answers never go through
-another node.
+for (:mod:`rayguard.run.gather_relay`); facts, the diagnosis' answers and a node's messages,
+reads and claims (:mod:`rayguard.run.outbox`, :mod:`rayguard.run.node_asks`) never go
+through another node.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ class RelaySender:
 class RelayingUpstream:
     """An upstream (``inner``) whose step summaries take another way (``summaries``), and its
     gathers too when ``gathers`` is given (:class:`~rayguard.run.gather_relay.RelayedGathers`:
-    through the group's relay, falling back to ``inner``); facts and the diagnosis' answers
-    still go straight to ``inner``."""
+    through the group's relay, falling back to ``inner``); facts, the diagnosis' answers,
+    messages, reads and claims go straight to ``inner``."""
 
     def __init__(self, inner: Any, summaries: Callable[[Batch], None],
                  gathers: Any = None) -> None:
@@ -119,6 +120,15 @@ class RelayingUpstream:
 
     def answer_diagnosis_many(self, attempt: int, answers: dict[int, dict[str, Any]]) -> Any:
         return self.inner.answer_diagnosis_many(attempt, answers)
+
+    def deliver(self, messages: list[Any]) -> Any:
+        return self.inner.deliver(messages)
+
+    def get_many(self, keys: list[str]) -> Any:
+        return self.inner.get_many(keys)
+
+    def claim(self, key: str) -> Any:
+        return self.inner.claim(key)
 
 
 __all__ = ["RELAY_NODES", "RelaySender", "RelayingUpstream", "SummaryRelay", "relay_of"]

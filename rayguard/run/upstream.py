@@ -1,0 +1,84 @@
+"""What a node's agent asks of the run's coordinator (:class:`Upstream`), and the coordinator
+actor as one (:class:`RayUpstream`): kept apart from :mod:`rayguard.run.agent` so that a
+test's in-process coordinator stands in for the actor."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from rayguard.run.outbox import Message
+from rayguard.run.waits import ErrorsOnly
+
+
+class Upstream(Protocol):
+    """What an aggregator asks of the run's coordinator (``deliver``, ``get_many`` and
+    ``claim``: only once a rank sends a message, reads a fact or claims through the agent)."""
+
+    def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
+                    timeout_s: float, keep: bool, root: int | None
+                    ) -> Awaitable[list[Any] | None]: ...
+
+    def wait_fact(self, key: str, timeout_s: float) -> Awaitable[Any]: ...
+
+    def summaries(self, batch: list[dict[str, Any]]) -> None: ...
+
+    def answer_diagnosis_many(self, attempt: int,
+                              answers: dict[int, dict[str, Any]]) -> Awaitable[None]: ...
+
+    def deliver(self, messages: list[Message]) -> Awaitable[None]: ...
+
+    def get_many(self, keys: list[str]) -> Awaitable[list[Any]]: ...
+
+    def claim(self, key: str) -> Awaitable[bool]: ...
+
+
+class RayUpstream:
+    """The coordinator actor as an :class:`Upstream`: a gather's answer comes as an object
+    reference (put once by the coordinator for every node), fetched here once, or, when the
+    node gets the errors only, by value (:class:`~rayguard.run.waits.ErrorsOnly`)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
+                          timeout_s: float, keep: bool, root: int | None,
+                          batch: str | None = None) -> list[Any] | None:
+        return await self.resolve(await self.actor.gather_many.remote(
+            tag, world_size, values, timeout_s, keep, True, root, batch))
+
+    async def resolve(self, answer: Any) -> list[Any] | None:
+        """A gather's answer as the coordinator sends it, read: fetched from the object
+        store (``[reference]``), or the errors only, by value."""
+        if answer is None or isinstance(answer, ErrorsOnly):
+            return None if answer is None else answer.values()
+        return await answer[0]
+
+    async def gather_group(self, tag: str, world_size: int, batches: dict[str, dict[int, Any]],
+                           timeout_s: float, keep: bool, full: bool, errors: bool) -> Any:
+        """A relay's group of node batches (:mod:`rayguard.run.gather_relay`); the answers
+        are passed on unread (each node fetches its own)."""
+        return await self.actor.gather_group.remote(tag, world_size, batches, timeout_s, keep,
+                                                    full, errors, True)
+
+    async def wait_fact(self, key: str, timeout_s: float) -> Any:
+        return await self.actor.wait_fact.remote(key, timeout_s)
+
+    def summaries(self, batch: list[dict[str, Any]]) -> None:
+        self.actor.step_summaries.remote(batch)
+
+    async def answer_diagnosis_many(self, attempt: int,
+                                    answers: dict[int, dict[str, Any]]) -> None:
+        await self.actor.answer_diagnosis_many.remote(attempt, answers)
+
+    async def deliver(self, messages: list[Message]) -> None:
+        await self.actor.deliver.remote(messages)
+
+    async def get_many(self, keys: list[str]) -> list[Any]:
+        return list(await self.actor.get_many.remote(keys))
+
+    async def claim(self, key: str) -> bool:
+        return bool(await self.actor.claim.remote(key))
+
+
+__all__ = ["RayUpstream", "Upstream"]
