@@ -18,18 +18,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rayguard.events import make_event
 from rayguard.exceptions import PeersLostError, RayGuardError
 from rayguard.health.recovery import RecoveryKind
 from rayguard.run.attempts import Attempt
 from rayguard.run.memory_link import MemoryCalls, NullMemoryCalls
+from rayguard.run.message_link import MessageCalls
 from rayguard.run.poll import FactPoll
 from rayguard.run.timeouts import LinkTimeouts
 
 logger = logging.getLogger("rayguard")
 
 
-class RunLink(MemoryCalls):
+class RunLink(MessageCalls, MemoryCalls):
     """A worker's link to its run: ``ctx`` (rank, attempt, node, world size) and the run's
     coordinator ``actor``. Built once per worker by set-up; treat it as read-only (the memory
     tier's calls: :class:`~rayguard.run.memory_link.MemoryCalls`)."""
@@ -44,8 +44,9 @@ class RunLink(MemoryCalls):
         """The worker's :class:`~rayguard.train.context.GuardContext`."""
         self.actor = actor
         self.agent = agent
-        """This node's agent (:mod:`rayguard.run.agent`): gathers, watched facts and step
-        summaries go through it (``None``: straight to the coordinator, a small run)."""
+        """This node's agent (:mod:`rayguard.run.agent`): gathers, watched facts, step
+        summaries, events, facts left, failure records, reads and claims go through it
+        (``None``: straight to the coordinator, a small run)."""
         self.timeouts = timeouts
         self._heartbeat = heartbeat
         self.alone = alone
@@ -53,6 +54,7 @@ class RunLink(MemoryCalls):
         ``TorchftConfig``), which Ray replaces on its own while the others run on, so a
         gather with the others could never complete for a replacement."""
         self._polls: dict[str, FactPoll] = {}  # shared by this link's copies (feeding)
+        self._init_messages()  # rayguard/run/message_link.py
 
     @property
     def peers(self) -> int:
@@ -74,45 +76,7 @@ class RunLink(MemoryCalls):
         if self._heartbeat is not None:
             self._heartbeat()
 
-    # -- events and facts -------------------------------------------------------------------
-    def record(self, kind: str, detail: str, *, step: int | None = None, wait: bool = False,
-               **extra: Any) -> None:
-        """Add an event to the run's log (fire-and-forget unless ``wait``)."""
-        ctx = self.ctx
-        event = make_event(kind, detail, rank=ctx.rank, node=ctx.node_id, step=step,
-                           attempt=ctx.attempt, **extra)
-        from rayguard.events.kinds import NOTABLE_KINDS
-
-        logger.log(logging.WARNING if kind in NOTABLE_KINDS else logging.DEBUG,
-                   "rayguard event %s rank=%s step=%s: %s", kind, ctx.rank, step, detail)
-        self._send_event(event, wait)
-
-    def _send_event(self, event: dict[str, Any], wait: bool) -> None:
-        ref = self.actor.record.remote(event)
-        if wait:
-            import ray
-
-            ray.get(ref, timeout=self.timeouts.ack_s)
-
-    def mark(self, key: str, value: Any) -> None:
-        """Leave a fact, waited for (the controller reads it after this worker is gone)."""
-        import ray
-
-        try:
-            ray.get(self.actor.put.remote(key, value), timeout=self.timeouts.ack_s)
-        except Exception as exc:
-            logger.debug("rayguard: could not leave %s with the coordinator: %s", key, exc)
-
-    def put(self, key: str, value: Any) -> None:
-        """Leave a fact (fire-and-forget)."""
-        self.actor.put.remote(key, value)
-
-    def get(self, key: str) -> Any:
-        """A fact as it is now (``None``: not there)."""
-        import ray
-
-        return ray.get(self.actor.get.remote(key), timeout=self.timeouts.answer_s)
-
+    # -- facts (events, marks, reads, claims: rayguard/run/message_link.py) ---------------
     def high_step(self) -> int | None:
         """The highest step the run is known to have reached (``None``: unknown)."""
         import ray
@@ -160,12 +124,6 @@ class RunLink(MemoryCalls):
         import ray
 
         return ray.get(self.actor.open_attempt.remote(kind), timeout=self.timeouts.answer_s)
-
-    def claim(self, key: str) -> bool:
-        """Whether this rank is the first of the run to ask for ``key``."""
-        import ray
-
-        return bool(ray.get(self.actor.claim.remote(key), timeout=self.timeouts.answer_s))
 
     # -- the gather ---------------------------------------------------------------------------
     def gather(self, tag: str, value: Any, *, kept: bool = False,
@@ -218,27 +176,6 @@ class RunLink(MemoryCalls):
         self.actor.reject_checkpoint.remote(path, why)
 
     # -- how the attempt goes -------------------------------------------------------------------
-    def record_failure(self, exc: BaseException, last_step: int) -> None:
-        """Tell the coordinator how this attempt ended (the crash-loop rule and the driver's
-        final exception read it)."""
-        if not isinstance(exc, Exception):
-            return
-        import traceback
-
-        import ray
-
-        from rayguard.health.crash_loop import describe_exception
-
-        error_type, origin, summary = describe_exception(exc)
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        ctx = self.ctx
-        try:
-            ray.get(self.actor.record_failure.remote(
-                ctx.rank, ctx.attempt, error_type, origin, last_step, summary, text),
-                timeout=self.timeouts.ack_s)
-        except Exception as err:  # the user's exception matters more than this record
-            logger.debug("rayguard: could not record the failure: %s", err)
-
     def send_progress(self, update: dict[str, Any], *, wait: bool = False) -> None:
         """Rank 0's latest step and metrics (the driver's progress line)."""
         ref = self.actor.progress.remote(update)
