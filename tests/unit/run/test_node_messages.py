@@ -346,7 +346,7 @@ def resize_calls(tmp_path, monkeypatch, agents: bool) -> tuple[Counter, Counter,
 def test_a_resizes_kept_ranks_read_and_mark_once_per_node(tmp_path, monkeypatch):
     up, straight, places = resize_calls(tmp_path, monkeypatch, agents=True)
     assert sorted(p["world_rank"] for p in places) == list(range(32))
-    assert straight == Counter()  # was 32 reads, 32 marks and 32 long polls
+    assert straight == Counter()  # the reads and marks were 32 each
     assert up["get_many"] == 4 and up["deliver"] == 4 and up["wait_fact"] == 4
 
 
