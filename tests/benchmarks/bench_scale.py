@@ -22,6 +22,9 @@ One JSON line per N, with exactly these keys:
 * ``rendezvous_s``: one rank replaced live: the coordinator opens the next attempt, every
   survivor sees the notice, survivors and the replacement gather their set-up facts for the
   new attempt and read rank 0's process-group address;
+* (on stderr, not in the JSON) every rank records one event, waited for: each straight to
+  the coordinator (as without node agents), then through its node's outbox
+  (rayguard.run.outbox): the span, the coordinator's calls and its CPU seconds, each way;
 * ``coordinator_cpu_frac``: CPU seconds per second of the coordinator's process while every
   rank sends a step summary at 1 Hz (through its node's aggregator) and keeps a long poll of
   the diagnosis fact, for ``--window-s`` (30) seconds; ``calls_per_s``: the calls the
@@ -213,6 +216,29 @@ class Host:
         await asyncio.gather(*(rank(r) for r in self.ranks()))
         return start, time.time()
 
+    async def events(self, straight: bool) -> tuple[float, float, int]:
+        """Every rank records one event at once (a ``rejoined``, as at a live recovery):
+        ``straight``, each to the coordinator (as without agents), else through its node's
+        outbox (rayguard.run.outbox); waited for, so the span covers their arrival. Returns
+        the span and the calls the coordinator received."""
+        from rayguard.run.outbox import EVENT, message_id
+
+        start = time.time()
+        sent0 = sum(a.outbox.sent for a in self.aggs.values())
+
+        async def rank(r: int) -> None:
+            event = {"kind": "rejoined", "detail": f"rank {r} rejoined", "rank": r,
+                     "node": f"sim-{r // RANKS_PER_NODE}", "attempt": 1, "time": time.time()}
+            if straight:
+                await self.coordinator.record.remote(event)
+            else:
+                await self._agg(r // RANKS_PER_NODE).deliver(EVENT, message_id(), event)
+
+        await asyncio.gather(*(rank(r) for r in self.ranks()))
+        calls = (len(self.ranks()) if straight
+                 else sum(a.outbox.sent for a in self.aggs.values()) - sent0)
+        return start, time.time(), calls
+
     async def report_for(self, seconds: float) -> int:
         """Every rank: a step summary a second through its aggregator; rank 0 also its
         progress to the coordinator; every node keeps the diagnosis fact's long poll."""
@@ -365,6 +391,16 @@ def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = Non
                                                "bench: one rank replaced"))
     out["rendezvous_s"] = round(max(e for _, e in ray.get(spans)) - opened, 3)
     stop("rendezvous")
+    events: dict[str, Any] = {}
+    for straight in (True, False):
+        name = "events_straight" if straight else "events_per_node"
+        cpu0 = sum(proc.cpu_times()[:2])
+        done = ray.get([h.events.remote(straight) for h in hosts])
+        events[name] = {"s": _span([(a, b) for a, b, _ in done]),
+                        "coordinator_calls": sum(c for _, _, c in done),
+                        "coordinator_cpu_s": round(sum(proc.cpu_times()[:2]) - cpu0, 2)}
+    print(f"# {ranks} ranks: every rank records one event (waited): {json.dumps(events)}",
+          file=sys.stderr, flush=True)
     start("steady")
     sent0 = sum(ray.get([h.sent.remote() for h in hosts]))
     host_cpu0 = sum(ray.get([h.cpu.remote() for h in hosts]))

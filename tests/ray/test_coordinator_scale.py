@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -85,3 +86,47 @@ def test_a_lost_relay_leaves_its_group_to_gather_straight(coordinator):
     expected = [f"v{r}" for r in range(8)]
     assert ray.get(refs, timeout=120) == [expected] * 4 and ray.get(own) == expected
     assert ray.get(coordinator.gather_calls.remote()) == 16
+
+
+def test_a_nodes_ranks_events_reads_and_claims_go_through_its_agent(coordinator, tmp_path):
+    """Real links over a real agent actor: 8 ranks on 2 nodes record an event each (one
+    waited), read a fact and claim a key: one delivery, one read and one claim per node.
+    Once node sim-1's agent is killed, its ranks' events go straight, each logged once."""
+    import json
+    from types import SimpleNamespace
+
+    import ray
+
+    from rayguard.run.link import RunLink
+
+    agents = [ray.get(coordinator.node_agent.remote(f"sim-{n}", False)) for n in range(2)]
+    ray.get(coordinator.put.remote("k", 7))
+    links = [RunLink(SimpleNamespace(rank=r, node_id=f"sim-{r // 4}", attempt=1, world_size=8,
+                                     local_world_size=4), coordinator, agent=agents[r // 4])
+             for r in range(8)]
+    for link in links:
+        link.record("rejoined", "first")
+    links[0].record("nan_detected", "waited", wait=True)
+    assert all(link._delivery.settle(30) for link in links)
+    assert [link.get("k") for link in links] == [7] * 8
+    assert sorted(link.claim("choose") for link in links) == [False] * 7 + [True]
+    sent = ray.get([a.sent.remote() for a in agents])
+    assert sent[1] == 3 and sent[0] in (3, 4)  # node 0: the waited event may go on its own
+    ray.kill(agents[1])
+    for link in links[4:]:
+        link.record("restored", "after the agent died")
+    assert all(link._delivery.settle(60) for link in links)
+    assert all(link._delivery.lost for link in links[4:])
+    path = ray.get(coordinator.events_file.remote())
+    want = sorted([(r, "first") for r in range(8)] + [(0, "waited")]
+                  + [(r, "after the agent died") for r in range(4, 8)])
+    deadline = time.monotonic() + 30
+    while True:  # the straight calls are fire-and-forget
+        with open(path) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+        got = sorted((e["rank"], e["detail"]) for e in events
+                     if e.get("kind") in ("rejoined", "nan_detected", "restored"))
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert got == want
