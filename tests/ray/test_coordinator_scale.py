@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -108,10 +109,15 @@ def test_a_nodes_ranks_events_reads_and_claims_go_through_its_agent(coordinator,
         link.record("rejoined", "first")
     links[0].record("nan_detected", "waited", wait=True)
     assert all(link._delivery.settle(30) for link in links)
-    assert [link.get("k") for link in links] == [7] * 8
-    assert sorted(link.claim("choose") for link in links) == [False] * 7 + [True]
+    with ThreadPoolExecutor(8) as pool:  # the ranks ask at once, as separate processes do
+        assert list(pool.map(lambda link: link.get("k"), links)) == [7] * 8
+        claims = list(pool.map(lambda link: link.claim("choose"), links))
+    assert sorted(claims) == [False] * 7 + [True]
+    # per node: the events, the read and the claim each reached the coordinator through the
+    # agent, in fewer calls than its 4 ranks made of each (how many batches a read takes
+    # depends on arrival times: the exact counts are proven in tests/unit/run)
     sent = ray.get([a.sent.remote() for a in agents])
-    assert sent[1] == 3 and sent[0] in (3, 4)  # node 0: the waited event may go on its own
+    assert all(3 <= n < 12 for n in sent), sent
     ray.kill(agents[1])
     for link in links[4:]:
         link.record("restored", "after the agent died")
