@@ -17,16 +17,17 @@ per node (:class:`NodeAggregator`):
   through the node's relay: one call per 32 nodes reaches the coordinator
   (:mod:`rayguard.run.relay`);
 * **hang-diagnosis answers**: the node's ranks' answers in one call (batched as a gather);
-* **messages** (events, facts a rank leaves, failure records): one call per node with one in
-  flight, each rank's call answered once the coordinator has its message
-  (:mod:`rayguard.run.outbox`); a rank sends one straight when its agent did not take it;
+* **messages** (events, facts a rank leaves, failure records, memory-tier offers): one call
+  per node with one in flight, each rank's call answered once the coordinator has its
+  message (:mod:`rayguard.run.outbox`); a rank sends one straight when its agent did not
+  take it;
 * **reads and claims**: a fact as it is now, read once per node for the keys its ranks ask
   within a few milliseconds; a claim asked once per node (:mod:`rayguard.run.node_asks`).
 
 What the coordinator receives then grows with nodes, not ranks. What stays per rank,
 straight to the coordinator, is what one rank does alone: rank 0's attempt, progress,
 rejections and highest step, the hang diagnosis' opening and decision, and the memory
-tier's calls (:mod:`rayguard.run.memory_link`).
+tier's calls other than its offers (:mod:`rayguard.run.memory_link`).
 
 The agent is an actor created by the coordinator (which owns it, so it lives as long as
 the run, not as any worker), pinned to its node, named so that a rank finds it through

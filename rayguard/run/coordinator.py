@@ -33,7 +33,7 @@ from rayguard.run.facts import CAUSE, KILLED, cause_key, loaded_key, rank_fact
 from rayguard.run.fence import NodeFence
 from rayguard.run.gather_host import GatherHost
 from rayguard.run.memory_host import MemoryHost
-from rayguard.run.outbox import EVENT, FACT, FAILURE, Delivered, Message
+from rayguard.run.outbox import EVENT, FACT, FAILURE, OFFER, Delivered, Message
 from rayguard.run.relay import relay_of
 from rayguard.run.waits import MAX_WAITERS, FactBoard, bounded
 
@@ -140,6 +140,8 @@ class RunCoordinator(GatherHost, MemoryHost):
                 self.put(*payload)
             elif kind == FAILURE:
                 self.record_failure(*payload)
+            elif kind == OFFER:  # rayguard/run/memory_host.py
+                self.memory_offer(*payload)
 
     def step_summary(self, summary: dict[str, Any]) -> None:
         """A rank's step timing since its last summary (fire-and-forget from the worker):

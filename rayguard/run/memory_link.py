@@ -4,6 +4,19 @@ Mixins of :class:`~rayguard.run.link.RunLink` (:class:`MemoryCalls`) and of its
 coordinator-less :class:`~rayguard.run.link.NullLink` (:class:`NullMemoryCalls`: no tier),
 kept apart so that the link's module stays small. Every call is bounded by the link's
 ``timeouts.memory_s``.
+
+Every rank offers its copy at each in-memory checkpoint: with a node agent (a large run,
+:mod:`rayguard.run.agent`) the offer is an :data:`~rayguard.run.outbox.OFFER` message,
+sent with the node's others in one ``deliver`` call and waited for as a waited event is
+(the rank's call returns once the coordinator has it; one the agent did not take goes
+straight, and the coordinator registers each offer once by its id). Its object references
+are passed on, not resolved: Ray passes references nested in arguments by reference, so
+the agent borrows them on their way and the coordinator's ``memory_offer`` gets the same
+references (owned by the node's keeper) as a straight call. What stays straight: rank 0's
+commit (one call a checkpoint), whether a copy is committed (rank 0), the look-ups of a
+restore (once per restart, not per checkpoint, and the coordinator's answer per rank asks
+which nodes are alive and pings the keepers: a per-node path needs a batched look-up), and
+the peer copies (each held open for seconds while the coordinator copies).
 """
 
 from __future__ import annotations
@@ -11,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayguard.exceptions import RayGuardError
+from rayguard.run.outbox import OFFER, message_id
 
 Copies = list[tuple[str, str, list[Any]]]
 """``[(which, node, [ref])]``: a snapshot's live copies, own first (``which``: own, peer)."""
@@ -22,6 +36,7 @@ class MemoryCalls:
     ctx: Any
     actor: Any
     timeouts: Any
+    _delivery: Any  # rayguard/run/message_link.py: through the node's agent, or None
 
     def memory_keeper(self, node_id: str) -> Any:
         import ray
@@ -30,11 +45,16 @@ class MemoryCalls:
 
     def memory_offer(self, final: str, step: int, digests: dict[str, str],
                      refs: list[Any]) -> None:
+        """Register this rank's memory copy of ``final`` (``refs``: the keeper's references,
+        passed on unresolved); returns once the coordinator has it."""
         import ray
 
-        ctx = self.ctx
-        ray.get(self.actor.memory_offer.remote(final, step, ctx.rank, ctx.node_id, digests,
-                                               refs), timeout=self.timeouts.memory_s)
+        ctx, timeout_s = self.ctx, self.timeouts.memory_s
+        args = (final, step, ctx.rank, ctx.node_id, digests, refs)
+        if self._delivery is not None:  # with the node's other offers (borrowed on the way)
+            self._delivery.send((OFFER, message_id(), args), wait=True, timeout_s=timeout_s)
+            return
+        ray.get(self.actor.memory_offer.remote(*args), timeout=timeout_s)
 
     def memory_copy_to_peer(self, final: str) -> str | None:
         """Have the coordinator copy this rank's snapshot of ``final`` to its peer node; the

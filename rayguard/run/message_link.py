@@ -5,7 +5,8 @@ A mixin of :class:`~rayguard.run.link.RunLink` (:class:`MessageCalls`), kept apa
 the link's module stays small. Without a node agent every call goes straight to the
 coordinator, as it always did. With one (a large run, :mod:`rayguard.run.agent`), what
 every rank says or asks at once goes per node: a message (:data:`~rayguard.run.outbox.EVENT`,
-:data:`~rayguard.run.outbox.FACT`, :data:`~rayguard.run.outbox.FAILURE`) through the
+:data:`~rayguard.run.outbox.FACT`, :data:`~rayguard.run.outbox.FAILURE`; the memory tier's
+:data:`~rayguard.run.outbox.OFFER` is sent by :mod:`rayguard.run.memory_link`) through the
 agent's outbox (:class:`AgentDelivery`), a read of a fact and a claim through the agent's
 :mod:`~rayguard.run.node_asks`. Nothing is lost when the agent is: a message it did not
 take (its call raised, or was not answered within ``ack_s``) goes straight to the
@@ -59,26 +60,27 @@ class AgentDelivery:
         self.lost = False
         """Whether the agent failed this rank: its messages go straight from then on."""
 
-    def send(self, message: Message, wait: bool) -> None:
+    def send(self, message: Message, wait: bool, timeout_s: float | None = None) -> None:
         """Send ``message``; ``wait``: return once the coordinator has it (raises what the
-        straight call raised when the agent did not take it)."""
+        straight call raised when the agent did not take it), each call waited up to
+        ``timeout_s`` (``None``: ``ack_s``)."""
         if self.lost:
-            self._straight(message, wait)
+            self._straight(message, wait, timeout_s)
             return
         try:
             ref = self._via(message)
         except Exception as exc:  # the agent's handle is gone
             self._lose(exc)
-            self._straight(message, wait)
+            self._straight(message, wait, timeout_s)
             return
         if not wait:
             self._watch(ref, message)
             return
         try:
-            self._get(ref, self.ack_s)
+            self._get(ref, self.ack_s if timeout_s is None else timeout_s)
         except Exception as exc:
             self._lose(exc)
-            self._straight(message, wait)
+            self._straight(message, wait, timeout_s)
 
     def settle(self, timeout_s: float) -> bool:
         """Whether every watched message was taken or sent straight within ``timeout_s``."""
@@ -92,16 +94,16 @@ class AgentDelivery:
     def _lose(self, exc: BaseException) -> None:
         if not self.lost:
             logger.info("rayguard: the node agent did not take a message (%s); this rank sends "
-                        "its events and facts straight to the coordinator from now on",
+                        "its messages straight to the coordinator from now on",
                         type(exc).__name__)
         self.lost = True
 
-    def _straight(self, message: Message, wait: bool) -> None:
+    def _straight(self, message: Message, wait: bool, timeout_s: float | None = None) -> None:
         if not wait:  # behind the watched ones, so that the rank's order holds
             self._watch(None, message)
             return
         self.settle(self.ack_s)
-        self._get(self._direct([message]), self.ack_s)
+        self._get(self._direct([message]), self.ack_s if timeout_s is None else timeout_s)
 
     def _watch(self, ref: Any, message: Message) -> None:
         with self._lock:

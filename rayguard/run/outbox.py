@@ -1,17 +1,19 @@
-"""A node's one-way messages to the coordinator: events, facts a rank leaves, failure records.
+"""A node's one-way messages to the coordinator: events, facts a rank leaves, failure records,
+memory-tier offers.
 
 What every rank of a large run says at once (a ``rejoined`` event at a live recovery or a
 resize, ``nan_detected`` when a NaN reaches every rank, ``stall_detected`` and the kill
 marks when a collective hangs everywhere, a kept rank's ``resize:left`` mark, every rank's
-hang-diagnosis place at set-up, the failure record of every rank of a failed attempt) goes
-through its node's agent (:mod:`rayguard.run.agent`): the agent's :class:`Outbox` sends its
-ranks' messages in one call (``deliver``), ``flush_s`` after the first, with one call in
-flight per node (what comes while one is in flight goes in the next), so a rank's messages
-reach the coordinator in the order the agent got them. Each rank's call returns once the
-coordinator has its message (raising what the call raised), whether the rank waits for it
-or not: a rank that does not wait still watches the answer
-(:class:`rayguard.run.message_link.AgentDelivery`) and sends the message straight to the
-coordinator when the agent did not take it (the agent died, or did not answer in time).
+hang-diagnosis place at set-up, the failure record of every rank of a failed attempt, every
+rank's memory copy offered at an in-memory checkpoint) goes through its node's agent
+(:mod:`rayguard.run.agent`): the agent's :class:`Outbox` sends its ranks' messages in one
+call (``deliver``), ``flush_s`` after the first, with one call in flight per node (what
+comes while one is in flight goes in the next), so a rank's messages reach the coordinator
+in the order the agent got them. Each rank's call returns once the coordinator has its
+message (raising what the call raised), whether the rank waits for it or not: a rank that
+does not wait still watches the answer (:class:`rayguard.run.message_link.AgentDelivery`)
+and sends the message straight to the coordinator when the agent did not take it (the
+agent died, or did not answer in time).
 
 A message may so reach the coordinator twice (through the agent, then straight): each
 carries an id (:func:`message_id`), and the coordinator acts on each id once
@@ -38,7 +40,11 @@ FACT = "fact"
 """A message kind: a fact left with the coordinator (payload: ``(key, value)``)."""
 FAILURE = "failure"
 """A message kind: how a rank's attempt ended (payload: ``record_failure``'s arguments)."""
-KINDS = (EVENT, FACT, FAILURE)
+OFFER = "offer"
+"""A message kind: a rank's memory copy of a checkpoint (payload: ``memory_offer``'s
+arguments, ``(final, step, rank, node, digests, refs)``; its object references are passed
+on, not resolved, :mod:`rayguard.run.memory_link`)."""
+KINDS = (EVENT, FACT, FAILURE, OFFER)
 
 Message = tuple[str, str, Any]
 """``(kind, id, payload)``."""
@@ -123,5 +129,5 @@ class Delivered:
         return True
 
 
-__all__ = ["DELIVERED_KEEP", "EVENT", "FACT", "FAILURE", "KINDS", "OUTBOX_FLUSH_S",
+__all__ = ["DELIVERED_KEEP", "EVENT", "FACT", "FAILURE", "KINDS", "OFFER", "OUTBOX_FLUSH_S",
            "Delivered", "Message", "Outbox", "message_id"]

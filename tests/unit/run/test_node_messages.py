@@ -4,7 +4,8 @@ coordinator and real node aggregators run on one event loop in a thread (as Ray 
 async actor), the ranks are real RunLinks in the test's threads, and a fake actor handle
 stands for Ray's (``h.method.remote(...)`` gives a future that ``ray.get`` reads). Counted:
 the coordinator's calls (one per node, not per rank); kept: every event exactly once and in
-each rank's order, also when the agent dies or answers late."""
+each rank's order, and every memory-tier offer registered exactly once with its references,
+also when the agent dies or answers late."""
 
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ class Run:
     """A coordinator, ``nodes`` aggregators and ``nodes * per_node`` ranks' links."""
 
     def __init__(self, tmp_path, nodes: int, per_node: int, *, agents: bool = True,
-                 delay_s: float = 0.0, ack_s: float = 5.0, **agent_kw: Any) -> None:
+                 delay_s: float = 0.0, ack_s: float = 5.0, memory_s: float = 30.0,
+                 **agent_kw: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -116,7 +118,8 @@ class Run:
             RunLink(SimpleNamespace(rank=r, node_id=f"n{r // per_node}", attempt=2,
                                     world_size=world, local_world_size=per_node),
                     self.coordinator, agent=self.agents[r // per_node] if agents else None,
-                    timeouts=LinkTimeouts(ack_s=ack_s, answer_s=30.0, hold_s=5.0))
+                    timeouts=LinkTimeouts(ack_s=ack_s, answer_s=30.0, hold_s=5.0,
+                                         memory_s=memory_s))
             for r in range(world)]
 
     def each_rank(self, body: Any) -> list[Any]:
@@ -355,6 +358,103 @@ def test_without_agents_a_resize_costs_three_calls_a_rank(tmp_path, monkeypatch)
     up, straight, _ = resize_calls(tmp_path, monkeypatch, agents=False)
     assert up == Counter()
     assert straight["get"] == 32 and straight["put"] == 32 and straight["wait_fact"] >= 32
+
+
+# -- memory-tier offers -----------------------------------------------------------------------
+class Ref:
+    """Stands for the object reference a node's keeper returns (``keeper.hold``). In Ray a
+    reference nested in a call's arguments is passed by reference, not resolved: the agent
+    borrows it on its way and the coordinator gets the same reference; here the agent and
+    the coordinator share the test's process, so the same object arrives."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+def offer_all(run: Run, path: str = "/ckpt/step-5") -> tuple[dict[int, Ref], Counter]:
+    """Every rank offers its memory copy of ``path`` at once (the coordinator counting its
+    registrations per rank); the refs offered and those counts, read once every rank's
+    call returned (a waited message: no settling needed)."""
+    refs = {r: Ref(r) for r in range(len(run.links))}
+    registered: Counter[int] = Counter()
+    offer = run.c.memory_offer
+
+    def counted(path, step, rank, node, digests, got):
+        registered[rank] += 1
+        offer(path, step, rank, node, digests, got)
+
+    run.c.memory_offer = counted
+    run.each_rank(lambda link: link.memory_offer(path, 5, {"w": f"d{link.ctx.rank}"},
+                                                 [refs[link.ctx.rank]]))
+    run.c.memory_commit(path, 5)
+    return refs, registered
+
+
+def assert_held(run: Run, refs: dict[int, Ref], registered: Counter,
+                path: str = "/ckpt/step-5") -> None:
+    assert registered == Counter({r: 1 for r in refs})  # each offer registered once
+    for r, ref in refs.items():
+        snap = run.c._memory.lookup(path, r)
+        assert snap.refs[0] is ref and len(snap.refs) == 1  # passed on, unchanged
+        assert snap.node == run.links[r].ctx.node_id and snap.digests == {"w": f"d{r}"}
+
+
+def test_every_ranks_memory_offer_reaches_the_coordinator_in_one_call_per_node(tmp_path):
+    run = Run(tmp_path, nodes=16, per_node=8)
+    try:
+        refs, registered = offer_all(run)
+    finally:
+        run.close()
+    assert run.up.calls["deliver"] == 16  # was 128 memory_offer calls
+    assert run.coordinator.calls == Counter()
+    assert_held(run, refs, registered)
+
+
+def test_without_agents_every_rank_offers_to_the_coordinator(tmp_path):
+    run = Run(tmp_path, nodes=2, per_node=4, agents=False)
+    try:
+        refs, registered = offer_all(run)
+    finally:
+        run.close()
+    assert run.coordinator.calls == Counter({"memory_offer": 8})
+    assert_held(run, refs, registered)
+
+
+def test_a_memory_offer_returns_only_once_the_coordinator_has_it(tmp_path):
+    run = Run(tmp_path, nodes=1, per_node=2, delay_s=0.3)
+    run.aggs[0].outbox.flush_s = 0.01
+    try:
+        started = time.monotonic()
+        run.links[0].memory_offer("/ckpt/a", 1, {}, [Ref(0)])
+        took = time.monotonic() - started
+    finally:
+        run.close()
+    assert took >= 0.3 and run.c._memory.snapshot("/ckpt/a", 0) is not None
+
+
+def test_a_dead_agent_sends_every_offer_straight_once(tmp_path):
+    run = Run(tmp_path, nodes=2, per_node=4, dead=True)
+    try:
+        refs, registered = offer_all(run)
+    finally:
+        run.close()
+    assert run.coordinator.calls == Counter({"deliver": 8}) and run.up.calls["deliver"] == 0
+    assert all(link._delivery.lost for link in run.links)
+    assert_held(run, refs, registered)
+
+
+def test_an_offer_the_agent_took_unanswered_is_registered_once(tmp_path):
+    """The agent takes every offer to the coordinator but never answers within the memory
+    tier's timeout: each rank sends its offer straight; the coordinator knows its id."""
+    run = Run(tmp_path, nodes=2, per_node=4, memory_s=0.3, late=("deliver",))
+    for agg in run.aggs:
+        agg.outbox.flush_s = 0.01
+    try:
+        refs, registered = offer_all(run)
+    finally:
+        run.close()
+    assert run.up.calls["deliver"] >= 2 and run.coordinator.calls["deliver"] == 8
+    assert_held(run, refs, registered)
 
 
 # -- the parts --------------------------------------------------------------------------------
