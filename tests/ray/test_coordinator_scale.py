@@ -136,3 +136,30 @@ def test_a_nodes_ranks_events_reads_and_claims_go_through_its_agent(coordinator,
             break
         time.sleep(0.1)
     assert got == want
+
+
+def test_a_memory_offer_through_a_real_agent_keeps_its_object_reference(coordinator):
+    """A rank's offer of its in-memory copy goes through its node's agent (one message per
+    node) and the coordinator serves the same object: the reference nested in the message
+    is passed on, not resolved, and outlives the agent's call."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from rayguard.run.link import RunLink
+
+    node = ray.get_runtime_context().get_node_id()
+    agent = ray.get(coordinator.node_agent.remote(node, False))
+    refs = [ray.put({"rank": r, "weights": list(range(1000))}) for r in range(2)]
+    links = [RunLink(SimpleNamespace(rank=r, node_id=node, attempt=1, world_size=2,
+                                     local_world_size=2), coordinator, agent=agent)
+             for r in range(2)]
+    for r, link in enumerate(links):
+        link.memory_offer("ckpt_1", 1, {"model.pt": f"digest-{r}"}, [refs[r]])
+    links[0].memory_commit("ckpt_1", 1)
+    assert ray.get(agent.sent.remote()) >= 1
+    for r in range(2):
+        copies, digests = ray.get(coordinator.memory_lookup.remote("ckpt_1", r), timeout=60)
+        (which, held_on, (ref,)), = copies
+        assert (which, held_on, digests) == ("own", node, {"model.pt": f"digest-{r}"})
+        assert ray.get(ref, timeout=30) == {"rank": r, "weights": list(range(1000))}
