@@ -134,9 +134,11 @@ after another on one of them (``--dist loadgroup``), beside the other Ray tests.
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in MULTI_NODE_FILES:
-            item.add_marker(pytest.mark.xdist_group("multi_node"))
+    for item in items:  # a module's tests stay on one worker (its module fixtures run once)
+        name = item.path.name
+        if name.startswith("test_") and "tests/unit/" not in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group(
+                "multi_node" if name in MULTI_NODE_FILES else name))
     for item in items:
         if "tests/ray/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))
