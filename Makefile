@@ -26,12 +26,11 @@ setup: $(BIN)/.rayguard-setup
 quickstart: setup
 	$(BIN)/python examples/quickstart.py
 
-# The Ray tests (tests/ray, tests/gpu) run two at a time (most of a Ray test is waiting: for
-# processes to start, for a fault to be seen); the multi-node ones one after another on one
-# of the two (tests/conftest.py: MULTI_NODE_FILES). The unit tests run on every core.
+# The Ray tests (tests/ray, tests/gpu) run one at a time: each starts Ray clusters that use
+# the machine's cores. The unit tests, single-process and pure, run on every core.
 # --durations: the slowest tests are printed at the end (the suite's time is watched).
 test: setup
-	$(BIN)/python -m pytest tests --ignore=tests/unit -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest tests --ignore=tests/unit --durations=25
 	$(BIN)/python -m pytest tests/unit -n auto --durations=10
 
 # The oldest Ray rayguard supports (pyproject's ray range starts here).
@@ -50,7 +49,7 @@ $(OLD_BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
 test-oldest-ray: $(OLD_BIN)/.rayguard-setup
 	$(OLD_BIN)/python -c "import ray; assert ray.__version__ == '$(OLDEST_RAY)', ray.__version__"
 	$(OLD_BIN)/python -m pytest tests/unit -n auto
-	$(OLD_BIN)/python -m pytest tests/ray -m compat -n 2 --dist loadgroup
+	$(OLD_BIN)/python -m pytest tests/ray -m compat
 
 # The newest torch tried (docs/compatibility.md#torch-versions): unit tests plus the `compat`
 # end-to-end set in a venv of its own, torch==$(NEWEST_TORCH) in place of the pinned 2.13.

@@ -122,23 +122,7 @@ was measured at 2.5 minutes, so a test with a kill and a restart can pass 300 s 
 hang; a real hang still fails, at 15 minutes."""
 
 
-MULTI_NODE_FILES = frozenset({
-    "test_doctor_cluster.py", "test_elastic_cluster.py", "test_foreign_cluster.py",
-    "test_live_node_loss.py", "test_memory_peer.py", "test_memory_tier.py",
-    "test_quarantine_cluster.py", "test_scale_workers.py", "test_sharded_elastic.py",
-    "test_straggler_eviction.py"})
-"""Ray test modules that start a simulated multi-node cluster (``ray.cluster_utils.Cluster``)
-or a second cluster: with the Ray tests on two xdist workers (``make test``), they run one
-after another on one of them (``--dist loadgroup``), beside the other Ray tests."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    for item in items:  # a module's tests stay on one worker (its module fixtures run once)
-        name = item.path.name
-        if name.startswith("test_") and "tests/unit/" not in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group(
-                "multi_node" if name in MULTI_NODE_FILES else name))
     for item in items:
         if "tests/ray/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))
