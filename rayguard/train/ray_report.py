@@ -143,6 +143,7 @@ class RayReportBridge:
         self.sealed_step: int | None = None
         """The step sealed in the checkpoint ``get_checkpoint()`` offers (``None``: none
         offered, or it records none): where the count of reports goes on from."""
+        self._reporting = False  # a checkpoint reported in this attempt: Ray's answers
         self._offered: Any = _UNSET
         """After an in-place rollback of a ``ray.train.report`` loop: the checkpoint the
         next ``get_checkpoint()`` chooses from (``_UNSET``: Ray's own)."""
@@ -169,8 +170,8 @@ class RayReportBridge:
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
             delete_local_checkpoint_after_upload, prepared.upload, validation)
         self.forwarder.wait(future, link.progress)
-        if checkpoint is not None:  # Ray's get_checkpoint() has it now
-            self._offered = _UNSET
+        if checkpoint is not None:  # Ray's get_checkpoint() has it now: this process sealed
+            self._offered, self._reporting = _UNSET, True  # it, so it is answered as Ray's
         if prepared.persisted_at_report:
             self._persisted(step, checkpoint.path, prepared.sealed_bytes)
         seconds = time.perf_counter() - started
@@ -191,7 +192,11 @@ class RayReportBridge:
     # -- get_checkpoint ---------------------------------------------------------------------
     def get_checkpoint(self) -> Any:
         """The newest reported checkpoint that verifies (``None``: a fresh start); the count
-        of reports without a step-like metric goes on from its sealed step."""
+        of reports without a step-like metric goes on from its sealed step. Once this rank
+        reported a checkpoint in this attempt, Ray's own answer (its latest, as with
+        ``TorchTrainer``)."""
+        if self._reporting:
+            return self.inner.get_checkpoint()
         if self._chosen is _UNSET:
             latest = self.inner.get_checkpoint() if self._offered is _UNSET else self._offered
             self.sealed_step = None
@@ -213,6 +218,7 @@ class RayReportBridge:
         again from it, under the new attempt, so it is verified before it is offered and a
         damaged one falls back to the one before (``None``: nothing reported, a fresh
         start)."""
+        self._reporting = False
         if reported:
             self._offered = None if path is None else self._checkpoint(path)
             self._chosen = _UNSET

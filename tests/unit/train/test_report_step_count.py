@@ -262,3 +262,25 @@ def test_a_sealed_checkpoint_s_commit_records_its_sealed_bytes(tmp_path, mode):
     events = [{"time": 1.0, "kind": "attempt_started", "attempt": 1},
               {"time": 2.0, "kind": kind, "attempt": 1, **extra}]
     assert build_run(events)["summary"]["checkpoint_bytes"] == 1024
+
+
+def test_after_reporting_a_checkpoint_get_checkpoint_is_rays_latest(monkeypatch, tmp_path):
+    """As with TorchTrainer (Ray's own mixed-upload-modes test asks it after each report):
+    once this rank reported a checkpoint in the attempt, get_checkpoint() is Ray's latest,
+    not the choice made at the start."""
+    from ray.train import Checkpoint
+
+    start = SimpleNamespace(path="/run/checkpoint_000004", filesystem=None)
+    coordinator = _Coordinator()
+    bridge = _bridge(coordinator, 0, start)
+    monkeypatch.setattr(bridge, "_choose", lambda latest: (latest.path, 4))
+    assert bridge.get_checkpoint() is start
+    (tmp_path / "shard_0").write_bytes(b"x")
+    reported = Checkpoint.from_directory(str(tmp_path))
+    bridge.inner.latest = reported  # type: ignore[attr-defined]  # what Ray holds after it
+    monkeypatch.setattr(bridge.sealer, "prepare", lambda *a, **k: SimpleNamespace(
+        upload=None, persisted_at_report=False, sealed_bytes=None))  # sealing: ray_seal's tests
+    bridge.report({"loss": 0.5}, checkpoint=reported)
+    assert bridge.get_checkpoint() is reported
+    bridge.rolled_back("/run/checkpoint_000004", reported=True)  # a rollback chooses again
+    assert bridge.get_checkpoint() is not reported
