@@ -70,7 +70,10 @@ def test_a_node_whose_workers_keep_dying_is_quarantined_and_the_run_moves(no_ray
     fenced = [e for e in events if e["kind"] == "node_quarantined"]
     assert len(fenced) == 1, [e["detail"] for e in fenced]
     q = fenced[0]
-    assert q["node"] == bad and q["reason"] == "killed" and q["attempts"] == [0, 1]
+    # two failed attempts: 0 and the next (1, or 2 when live recovery opened an attempt for
+    # the first dead worker before the second was seen, then restarted the group)
+    first, second = q["attempts"]
+    assert q["node"] == bad and q["reason"] == "killed" and first == 0 and second in (1, 2)
     assert {f["attempt"] for f in q["failures"]} == {0, 1} and q["quarantined_nodes"] == 1
     # one clear message while it waited: what is quarantined, why, how to lift, that it waits
     detail = waits[0]["detail"]
