@@ -1,8 +1,8 @@
 """Ranks may report the same ``ray.train.report`` with different upload modes, or one with a
 checkpoint and another without, as under Ray's TorchTrainer: the run finishes, every
-checkpoint is sealed and verifies, and ``ray.train.get_checkpoint()`` offers the newest after
-verifying it, as a resume does (a restart would double the test's time; restarts of a
-``ray.train.report`` loop are tested in test_ray_report_loops.py). One real run on the shared
+checkpoint is sealed and verifies, and ``ray.train.get_checkpoint()`` then answers as Ray's
+does: the newest checkpoint this rank reported (verified choices at a resume are tested with
+restarts in test_ray_report_loops.py). One real run on the shared
 local cluster, 2 workers."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ LAST_SEALED = max(i for i, pair in enumerate(PAIRS) if pair != (None, None))
 
 def mixed_modes_loop(config):
     """Iteration ``i`` reports with ``PAIRS[i]``; then every rank reads the checkpoint
-    ``get_checkpoint()`` chooses (the first call of the attempt: verified, as at a resume)."""
+    ``get_checkpoint()`` answers and writes down which it was."""
     import ray.train
     from ray.train import Checkpoint
 
@@ -62,6 +62,8 @@ def mixed_modes_loop(config):
         if r_mode is not None:
             with open(os.path.join(chosen.path, f"shard_{r}")) as f:
                 assert f.read() == f"iteration {i} rank {r}", (chosen.path, r)
+    with open(os.path.join(config["local_dir"], f"chosen_{rank}"), "w") as f:
+        f.write(str(i))
 
 
 @pytest.mark.timeout(300)  # a deadlock fails here, not at the Ray tests' 15 minutes
@@ -86,7 +88,9 @@ def test_ranks_mixing_upload_modes_at_one_report_finish_sealed(ray_local, tmp_pa
         shards = sorted(f.path for f in report.manifest.files)
         assert shards == [f"shard_{r}" for r, mode in enumerate(pair) if mode], (i, shards)
     assert result.checkpoint.path.endswith(f"checkpoint_iteration_{LAST_SEALED}")
-    restored = [e for e in events if e["kind"] == "restored"]  # one rank chose for both
-    assert len(restored) == 1 and restored[0]["verified"] and not restored[0]["fallback"]
-    assert restored[0]["path"].rsplit("_", 1)[1] in ("7", "8"), restored  # each rank's newest
+    # as with TorchTrainer: each rank's own newest report (rank 1 reported none at 8), not a
+    # resume's verified choice
+    newest = [max(i for i, pair in enumerate(PAIRS) if pair[r]) for r in (0, 1)]
+    assert [int((local / f"chosen_{r}").read_text()) for r in (0, 1)] == newest == [8, 7]
+    assert not [e for e in events if e["kind"] == "restored"]
     assert trainer.last_metrics["step"] == len(PAIRS) - 1
