@@ -79,9 +79,8 @@ class GuardFailurePolicy(QuietRetryPolicy):
             if loop is not None:
                 self._stop("crash_loop", loop.rank, (
                     f"crash loop: {loop.summary} (raised at {loop.origin}) ended attempt "
-                    f"{loop.attempt} on rank {loop.rank} exactly as before, with no checkpoint "
-                    f"committed in between; {_allowed(self.crash_loop_retries)}, so it is not "
-                    "retried"),
+                    f"{loop.attempt} on rank {loop.rank} exactly as before, {_no_progress(loop)}"
+                    f"; {_allowed(self.crash_loop_retries)}, so it is not retried"),
                     attempt=loop.attempt)
                 return FailureDecision.RAISE
         return super().make_decision(training_failed_error)
@@ -144,3 +143,11 @@ def _allowed(retries: int) -> str:
     """``HealthConfig(crash_loop_retries=N)`` in words: how many repeats it allows."""
     count = "no repeat" if retries == 0 else f"{retries} repeat{'s' if retries != 1 else ''}"
     return f"HealthConfig(crash_loop_retries={retries}) allows {count}"
+
+
+def _no_progress(loop: Any) -> str:
+    """Why the repeat counts as one: nothing committed in the attempt, or (checkpoints
+    committed, but the resume led back to it) the same step as before."""
+    if loop.commits == 0:
+        return "with no checkpoint committed in between"
+    return f"at the same step ({loop.step}) although it committed a checkpoint in between"

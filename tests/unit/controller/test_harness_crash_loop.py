@@ -49,6 +49,7 @@ def test_a_deterministic_bug_ends_after_one_repeat(harness):
     stop = h.coordinator.get(STOP_REASON_KEY)
     assert stop["kind"] == "crash_loop" and "crash_loop_retries=1" in stop["reason"]
     assert "ValueError: my bug" in stop["reason"] and "test_harness_crash_loop.py" in stop["reason"]
+    assert "no checkpoint committed in between" in stop["reason"]
 
 
 def test_zero_crash_loop_retries_stops_at_the_first_exception(harness):
@@ -105,7 +106,22 @@ def test_a_failure_that_repeats_at_the_same_step_stops_after_one_repeat(harness)
 
     h = harness(raise_at_end, num_workers=1).run()
     assert h.state == "ERRORED" and attempts(h) == [0, 1]
-    assert "always at the end" in h.events("crash_loop")[0]["detail"]
+    detail = h.events("crash_loop")[0]["detail"]
+    assert "always at the end" in detail and "no checkpoint committed in between" in detail
+
+
+def test_a_repeat_at_the_same_step_after_a_commit_says_so(harness):
+    def commit_then_raise(w):  # every attempt commits the step it resumed at, then raises
+        if w.step < 2:
+            w.report(loss=1.0)
+        w.commit()
+        raise RuntimeError("always at step 2")
+
+    h = harness(commit_then_raise, num_workers=1).run()
+    assert h.state == "ERRORED"
+    detail = h.events("crash_loop")[0]["detail"]
+    assert "no checkpoint committed" not in detail
+    assert "at the same step (2) although it committed a checkpoint in between" in detail, detail
 
 
 def test_progress_between_two_identical_errors_is_not_a_loop(harness):
