@@ -1,6 +1,7 @@
 """Shared fixtures. Ray start-up costs seconds, so one local cluster serves every test that
 needs a plain one; multi-node tests shut it down and start their own
-(``ray.cluster_utils.Cluster``), and the next test that asks for ``ray_local`` starts it again.
+(``ray.cluster_utils.Cluster``): they are run after all the others (see
+``pytest_collection_modifyitems``), so the shared cluster is started once.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ hang; a real hang still fails, at 15 minutes."""
 
 
 def pytest_collection_modifyitems(config, items):
+    # Tests that start their own cluster (``no_ray``) shut the shared one down, and the next
+    # ``ray_local`` test starts it again: they run last, in their files' order, so the shared
+    # cluster starts once.
+    items.sort(key=lambda item: "no_ray" in getattr(item, "fixturenames", ()))
     for item in items:
         if "tests/ray/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))
