@@ -17,8 +17,8 @@ import torch
 from ray.train import RunConfig, ScalingConfig
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 from rayguard.events import read as read_events
+from rayguard.testing.cluster import SimulatedCluster, wait_for
 
 STEPS = 8
 HOLD = 4  # attempt 0 waits after committing this step until released (or killed)
