@@ -27,7 +27,7 @@ import torch
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
+from rayguard.testing.cluster import SimulatedCluster, wait_for
 
 GLOBAL, MICRO, SAMPLES, EPOCHS = 12, 2, 480, 2
 

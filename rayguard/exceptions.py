@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 _C = TypeVar("_C", bound=type)
@@ -63,6 +64,34 @@ def strict_fields(cls: _C) -> _C:
 
     cls.__init__ = __init__  # type: ignore[misc]
     return cls
+
+
+def moved_fields(names: Iterable[str], home: str, use: str) -> Callable[[_C], _C]:
+    """Class decorator (put it above :func:`strict_fields`): the fields ``names`` left the
+    class for ``home``; a keyword among them raises an :class:`UnknownFieldError` naming every
+    such keyword given, its value and the call that takes it (``use``, with ``{call}`` in
+    place of ``home(...)``), instead of the generic "no such field"."""
+    gone = frozenset(names)
+
+    def decorate(cls: _C) -> _C:
+        init = cls.__init__  # type: ignore[misc]
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            given = {name: value for name, value in kwargs.items() if name in gone}
+            if given:
+                listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
+                owner = cls.__name__
+                raise UnknownFieldError(
+                    f"{owner}({listed}): {owner} has no field {', '.join(map(repr, given))}; "
+                    f"these settings live only in {home}. "
+                    f"Fix: {use.format(call=f'{home}({listed})')}")
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[misc]
+        return cls
+
+    return decorate
 
 
 class RayVersionError(ConfigError):

@@ -80,9 +80,6 @@ class RobustTrainer(GuardHooksTrainer):
                 f"RobustTrainer(guard_config={guard_config!r}): must be a rayguard.GuardConfig. "
                 "Fix: pass guard_config=rayguard.GuardConfig(...) or leave it out."
             )
-        ignored = guard_config.health.sweep_only_warning()
-        if ignored is not None:
-            warnings.warn(ignored, UserWarning, stacklevel=2)
         self.guard_config = guard_config
         self._coordinator: Any = None
         self._cluster_address: str | None = None

@@ -25,12 +25,3 @@ def peer_node(own: str, nodes: Iterable[str], alive: Collection[str] | None = No
     if not ring:
         return None
     return next((n for n in ring if n > own), ring[0])
-
-
-def peer_plan(nodes_by_rank: dict[int, str], alive: Collection[str] | None = None
-              ) -> dict[int, str | None]:
-    """``{rank: peer node}`` for every rank of a checkpoint (``nodes_by_rank``: the node that
-    saved each rank's shard); what :func:`peer_node` answers for each."""
-    nodes = set(nodes_by_rank.values())
-    return {rank: peer_node(node, nodes, alive) for rank, node in sorted(nodes_by_rank.items())}
-

@@ -125,10 +125,6 @@ def _manifest_text(remote_dir: str, fs: pafs.FileSystem) -> str:
         raise CheckpointCorruptError(f"{remote_dir}: {MANIFEST_NAME}: unreadable ({exc})") from None
 
 
-def read_remote_manifest(remote_dir: str, fs: pafs.FileSystem) -> Manifest:
-    return parse_manifest(_manifest_text(remote_dir, fs), remote_dir)
-
-
 def download(remote_dir: str, fs: pafs.FileSystem, ranks: Sequence[int] | None = None) -> str:
     """A local copy of the checkpoint (manifest and the files of ``ranks``; all if None).
     The caller removes it (``shutil.rmtree``)."""

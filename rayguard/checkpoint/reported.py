@@ -13,7 +13,8 @@ three pure steps before Ray persists it:
 
 The manifest is the same format as rayguard's own checkpoints, with
 ``metadata["source"] = "ray.train.report"`` so that ``rayguard.train.load_state()`` never
-mistakes a framework's files for its own state (:func:`is_reported`). No Ray, no torch.
+mistakes a framework's files for its own state (:mod:`rayguard.checkpoint.fallback` reads
+it). No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -107,12 +108,6 @@ def merge_records(records: Sequence[ShardRecord | None]) -> tuple[tuple[FileReco
     return tuple(chosen[p] for p in sorted(chosen)), tuple(sorted(conflicts))
 
 
-def writer_rank(records: Sequence[ShardRecord | None]) -> int | None:
-    """The rank that writes the manifest: the lowest one that reported a directory."""
-    ranks = [r.rank for r in records if r is not None]
-    return min(ranks) if ranks else None
-
-
 def seal(directory: str | os.PathLike[str], records: Sequence[ShardRecord | None], *,
          world_size: int, step: int | None, metadata: dict[str, Any] | None = None) -> Manifest:
     """Write the merged manifest into ``directory`` (the writer rank's), atomically."""
@@ -138,25 +133,3 @@ def drop_stale_manifest(directory: str | os.PathLike[str]) -> None:
         os.unlink(Path(directory) / MANIFEST_NAME)
     except FileNotFoundError:
         pass
-
-
-def is_reported(manifest_json: dict[str, Any]) -> bool:
-    """Whether a parsed manifest document was sealed around a ``ray.train.report`` directory."""
-    metadata = manifest_json.get("metadata")
-    return isinstance(metadata, dict) and metadata.get(SOURCE_KEY) == REPORTED_SOURCE
-
-
-def read_source(directory: str | os.PathLike[str]) -> str | None:
-    """``metadata["source"]`` of ``directory``'s manifest (``None``: none, or unreadable)."""
-    from rayguard.checkpoint import safejson
-    from rayguard.checkpoint.manifest import MAX_MANIFEST_BYTES
-
-    path = Path(directory) / MANIFEST_NAME
-    try:
-        doc = safejson.read_file(path, str(path), max_bytes=MAX_MANIFEST_BYTES)
-    except (OSError, CheckpointError):
-        return None
-    if not isinstance(doc.get("metadata"), dict):
-        return None
-    source = doc["metadata"].get(SOURCE_KEY)
-    return source if isinstance(source, str) else None

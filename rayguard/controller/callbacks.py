@@ -48,15 +48,6 @@ from rayguard.run.facts import cause_key
 logger = logging.getLogger("rayguard")
 
 
-def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
-    """``(label, one-line reason, details)`` of a worker's failure: the 0.1 ``cause`` label
-    of :func:`rayguard.failures.classify` (``injected kill``, ``stall``, ``nan``, ``died``,
-    ``error``), looking inside Ray's wrapper of a worker's error. ``marked`` is what the
-    worker left with the coordinator before it went."""
-    failure = classify(unwrap_worker_error(error), marked)
-    return failure.label, failure.reason, failure.details
-
-
 def failure_fields(failure: Failure) -> dict[str, Any]:
     """The fields a ``worker_died`` event carries for ``failure``: ``cause`` (the 0.1
     label), ``failure`` (the cause in :data:`rayguard.failures.CAUSES`), ``fatal``,

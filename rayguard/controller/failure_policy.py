@@ -1,8 +1,8 @@
 """Ray Train failure policy that never retries errors a restart cannot fix.
 
 Two kinds: errors deterministic by construction (a bad config, a failed preflight, an
-impossible device mapping, a state that cannot be checkpointed: :func:`is_fatal`, by the
-one table of :mod:`rayguard.failures.fatal`), and
+impossible device mapping, a state that cannot be checkpointed: ``classify(...).fatal``, by
+the one table of :mod:`rayguard.failures.fatal`), and
 crash loops (the same exception from the same frame ending consecutive attempts with no
 durable progress: :mod:`rayguard.health.crash_loop`). Either ends the run at once; the
 reason is left with the run's coordinator so that the driver raises the user's exception
@@ -32,17 +32,10 @@ from rayguard.failures.messages import one_line
 
 logger = logging.getLogger("rayguard")
 
-__all__ = ["FATAL_ERRORS", "STOP_REASON_KEY", "GuardFailurePolicy", "is_fatal"]
+__all__ = ["FATAL_ERRORS", "STOP_REASON_KEY", "GuardFailurePolicy"]
 
 STOP_REASON_KEY = "stop_reason"
 """Coordinator key under which the policy leaves why it ended the run (read by the driver)."""
-
-
-def is_fatal(error: BaseException) -> bool:
-    """Whether a restart cannot fix ``error`` (:func:`rayguard.failures.classify`: one of
-    the table in :mod:`rayguard.failures.fatal`), looking inside Ray's wrapper of a worker's
-    error."""
-    return classify(unwrap_worker_error(error)).fatal
 
 
 class GuardFailurePolicy(QuietRetryPolicy):

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from rayguard.exceptions import config_error, strict_fields
+from rayguard.exceptions import config_error, moved_fields, strict_fields
 from rayguard.health.divergence import DivergenceConfig
-from rayguard.health.sweep_config import Mode, check_sweep_fields, sweep_fields_set
+from rayguard.health.sweep_config import SWEEP_FIELDS
 
 NanPolicy = Literal["restart", "fail"]
 
 
+@moved_fields(SWEEP_FIELDS, "rayguard.tune.SweepHealthConfig",
+              "leave them out of HealthConfig; for a sweep pass "
+              "rayguard.tune.run(..., sweep_health={call})")
 @strict_fields
 @dataclass(frozen=True)
 class HealthConfig:
@@ -113,30 +116,6 @@ class HealthConfig:
     quarantined, so the next resize leaves it out. ``None`` (default): stragglers are only
     reported."""
 
-    # -- sweep only (rayguard.tune.run): prefer rayguard.tune.SweepHealthConfig -------------
-    # Accepted here so that a HealthConfig passed to rayguard.tune.run keeps working;
-    # RobustTrainer warns when any is set. Each is documented on SweepHealthConfig.
-    mode: Mode = "min"
-    """Sweep only: see :attr:`SweepHealthConfig.mode`."""
-
-    divergence_factor: float | None = 10.0
-    """Sweep only: see :attr:`SweepHealthConfig.divergence_factor`."""
-
-    window: int = 20
-    """Sweep only: see :attr:`SweepHealthConfig.window`."""
-
-    min_results: int = 5
-    """Sweep only: see :attr:`SweepHealthConfig.min_results`."""
-
-    throughput_collapse_fraction: float | None = 0.1
-    """Sweep only: see :attr:`SweepHealthConfig.throughput_collapse_fraction`."""
-
-    memory_metrics: tuple[str, ...] = ("memory_bytes", "gpu_memory_bytes")
-    """Sweep only: see :attr:`SweepHealthConfig.memory_metrics`."""
-
-    memory_growth_fraction: float | None = 0.5
-    """Sweep only: see :attr:`SweepHealthConfig.memory_growth_fraction`."""
-
     def __post_init__(self) -> None:
         value = self.watch_metrics
         if isinstance(value, (list, str)):
@@ -199,7 +178,6 @@ class HealthConfig:
 
         self._check_timing_fields()
         self._check_quarantine_fields()
-        self._check_series_fields()
 
     def _check_quarantine_fields(self) -> None:
         after = self.quarantine_after
@@ -246,26 +224,6 @@ class HealthConfig:
                                f"must be >= step_summary_interval_s={self.step_summary_interval_s}"
                                " (the window must hold at least one summary of each rank)",
                                "use a window of several intervals, e.g. 60 with an interval of 5")
-
-    def _check_series_fields(self) -> None:
-        check_sweep_fields(self, "HealthConfig")
-
-    def sweep_fields_set(self) -> dict[str, Any]:
-        """The sweep-only fields given other values than their defaults (RobustTrainer
-        ignores them; ``rayguard.tune.run`` uses them)."""
-        return sweep_fields_set(self)
-
-    def sweep_only_warning(self) -> str | None:
-        """What ``RobustTrainer`` says when this config sets sweep-only fields it cannot use
-        (``None``: it sets none)."""
-        given = self.sweep_fields_set()
-        if not given:
-            return None
-        listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
-        return (f"GuardConfig(health=HealthConfig({listed})): these settings belong to a "
-                "sweep's series checks (rayguard.tune.run) and RobustTrainer does not use them. "
-                "Fix: leave them out of the trainer's HealthConfig; for a sweep pass "
-                f"rayguard.tune.run(..., sweep_health=rayguard.tune.SweepHealthConfig({listed}))")
 
     def progress_bound(self, slowest_step_s: float | None, *, started: bool) -> tuple[str, float]:
         """The bound in force: ``("startup", startup_timeout_s)`` before the first completed

@@ -11,7 +11,7 @@ attempt count once). A ``straggler`` reason quarantines at once: the eviction ru
 Who feeds it: the controller, with :func:`node_failure_reason` over each worker's classified
 failure (a survivor's collateral error, an error of the training function, a NaN or a
 preemption never counts against a node); the straggler eviction; and, later, a diagnosed
-hang's culprit (reason ``hang_culprit``) through the coordinator's ``record_node_failure``.
+hang's culprit (reason ``hang_culprit``) through the coordinator's ``record_node_failures``.
 """
 
 from __future__ import annotations

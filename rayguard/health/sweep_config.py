@@ -2,7 +2,8 @@
 
 A training run (``RobustTrainer``) watches progress and finite metrics per step
 (:class:`~rayguard.HealthConfig`); a sweep (``rayguard.tune.run``) also judges each trial's
-series of results: divergence, throughput collapse, memory growth. Their settings live here.
+series of results: divergence, throughput collapse, memory growth. Their settings live here,
+and only here (``HealthConfig`` names this class when given one of them).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class SweepHealthConfig:
 
 
 SWEEP_FIELDS = tuple(f.name for f in fields(SweepHealthConfig))
-"""The settings only a sweep uses (``HealthConfig`` accepts them too, for ``tune.run``)."""
+"""The settings only a sweep uses (``HealthConfig`` rejects them, naming this config)."""
 
 
 def check_sweep_fields(config: Any, owner: str) -> None:
@@ -79,29 +80,13 @@ def check_sweep_fields(config: Any, owner: str) -> None:
                            "must be metric names", 'pass e.g. memory_metrics=("memory_bytes",)')
 
 
-def sweep_fields_set(config: Any) -> dict[str, Any]:
-    """The sweep fields of ``config`` (a HealthConfig) that differ from their defaults."""
-    default = SweepHealthConfig()
-    return {name: getattr(config, name) for name in SWEEP_FIELDS
-            if getattr(config, name) != getattr(default, name)}
-
-
-def resolve_sweep_health(health: Any, sweep_health: SweepHealthConfig | None,
+def resolve_sweep_health(sweep_health: SweepHealthConfig | None,
                          owner: str) -> SweepHealthConfig:
-    """The sweep settings in force: ``sweep_health``, else the sweep fields a
-    ``HealthConfig`` carries. Both at once, differing, is an error (which one would win is a
-    guess)."""
-    given = sweep_fields_set(health)
-    carried = SweepHealthConfig(**{name: getattr(health, name) for name in SWEEP_FIELDS})
+    """The sweep settings in force: ``sweep_health``, or the defaults when it is ``None``."""
     if sweep_health is None:
-        return carried
+        return SweepHealthConfig()
     if not isinstance(sweep_health, SweepHealthConfig):
         raise config_error(owner, "sweep_health", sweep_health,
                            "must be a rayguard.tune.SweepHealthConfig",
                            "pass sweep_health=rayguard.tune.SweepHealthConfig(...)")
-    if given and sweep_health != carried:
-        listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
-        raise config_error(owner, "health", f"HealthConfig({listed}, ...)",
-                           "sets sweep settings that differ from sweep_health=",
-                           f"move {', '.join(given)} into sweep_health=SweepHealthConfig(...)")
     return sweep_health

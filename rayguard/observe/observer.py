@@ -73,10 +73,6 @@ class RunObserver:
         self._apply(updates)
 
     # -- step summaries ----------------------------------------------------------------------
-    def on_summary(self, summary: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events one rank's summary produces (a ``steps`` event, maybe ``straggler``)."""
-        return self.on_summaries([summary])
-
     def on_summaries(self, batch: list[dict[str, Any]], *, merge: bool = False
                      ) -> list[dict[str, Any]]:
         """The events of several ranks' summaries (a node's, sent together by its agent):

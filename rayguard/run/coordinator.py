@@ -207,15 +207,6 @@ class RunCoordinator(GatherHost, MemoryHost):
         return {a: list(r) for a, r in self._failures.items()}
 
     # -- quarantine (rayguard/run/fence.py) -----------------------------------------------
-    def record_node_failure(self, node: str, attempt: int, reason: str, rank: int | None = None,
-                            detail: str = "", nodes_alive: int | None = None) -> bool:
-        """Count one failure against ``node`` (``reason``: one of
-        :data:`rayguard.health.quarantine.REASONS`; a diagnosed hang reports its culprit's
-        node with ``hang_culprit``). Records ``node_quarantined`` when the rule is met;
-        returns whether the node is now quarantined."""
-        return node in self.record_node_failures(
-            [NodeFailure(node, attempt, reason, rank, detail)], nodes_alive)
-
     def record_node_failures(self, failures: list[NodeFailure],
                              nodes_alive: int | None = None) -> list[str]:
         """Count several node failures at once (the controller: one attempt's workers);

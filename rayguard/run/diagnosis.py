@@ -90,9 +90,6 @@ class Diagnoses:
         state.timer = loop.call_later(max(0.0, wait_s), self._decide, attempt)
         return True
 
-    def is_open(self, attempt: int) -> bool:
-        return attempt in self._open
-
     def answer(self, attempt: int, rank: int, value: dict[str, Any]) -> None:
         state = self._open.get(attempt)
         if state is not None and state.event is None:

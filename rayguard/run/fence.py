@@ -2,7 +2,7 @@
 
 It collects node failures (:class:`~rayguard.health.quarantine.NodeFailure`) from the
 controller (a worker's classified failure), from the straggler eviction and, for a
-diagnosed hang, from whoever names the culprit (``RunCoordinator.record_node_failure``);
+diagnosed hang, from whoever names the culprit (``RunCoordinator.record_node_failures``);
 asks the pure planner (:func:`~rayguard.health.quarantine.plan_quarantine`) which nodes to
 quarantine; returns the ``node_quarantined`` events to record; and persists the quarantine in
 the run directory (:mod:`rayguard.health.quarantine_file`). At each worker-group start the

@@ -65,10 +65,5 @@ class GatherHost:
         return GroupAnswer(answers.answer(result, full=True, by_ref=by_ref) if full else None,
                            answers.answer(result, full=False, by_ref=by_ref) if errors else None)
 
-    def gather_calls(self) -> int:
-        """How many ranks' contributions arrived, each once: a metrics-only report makes none
-        (rayguard.train.agreement)."""
-        return self._gathers.calls
-
 
 __all__ = ["GatherHost"]

@@ -111,31 +111,6 @@ class MemoryHost:
         """(path, rank, peer node) of every second copy held."""
         return [(s.path, s.rank, s.peer) for s in self._memory.held() if s.peer is not None]
 
-    async def memory_corrupt_for_test(self, rank: int, which: tuple[str, ...] = ("own", "peer")
-                                      ) -> bool:
-        """Test hook: replace rank ``rank``'s committed copies named in ``which`` by ones with
-        a flipped byte (kept in this actor's object store). False when there is none."""
-        import ray
-
-        path = self._memory.committed
-        snap = None if path is None else self._memory.lookup(path, rank)
-        if snap is None:
-            return False
-        for name, refs in (("own", snap.refs), ("peer", snap.peer_refs)):
-            if name in which and refs is not None:
-                corrupt = [ray.put(_flipped(await _awaitable(refs[0])))]
-                snap.refs, snap.peer_refs = ((corrupt, snap.peer_refs) if name == "own"
-                                             else (snap.refs, corrupt))
-        return True
-
-
-def _flipped(files: dict[str, Any]) -> dict[str, Any]:
-    """``files`` with one byte of the first file flipped."""
-    out = {name: data.copy() for name, data in files.items()}
-    name = sorted(out)[0]
-    out[name][len(out[name]) // 2] ^= 0xFF
-    return out
-
 
 async def _awaitable(ref: Any) -> Any:
     """An object reference awaited on the actor's event loop."""

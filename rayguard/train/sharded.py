@@ -238,26 +238,6 @@ def write_rank(staging: str, rank: int, sharded: dict[str, Any],
     return ck.ShardRecord(rank, plain.files + records), meshes
 
 
-def commit_sharded(final: str, records: list[ShardRecord], *, world_size: int, step: int,
-                   meshes: list[dict[str, Any]], keys: list[str],
-                   metadata: dict[str, Any] | None = None) -> Path:
-    """The committer's step (rank 0): check that the records cover DCP's directory exactly,
-    describe the sharded part in the manifest, write it last and publish atomically."""
-    from rayguard.checkpoint import sharded as sh
-    from rayguard.checkpoint.commit import commit, discard_staging, staging_dir_for
-
-    staging = staging_dir_for(final)
-    dcp_records = [f for r in records for f in r.files if f.path.startswith(f"{DCP_DIR}/")]
-    try:
-        sh.check_complete(dcp_records, os.listdir(staging / DCP_DIR), world_size)
-    except BaseException:
-        discard_staging(staging)
-        raise
-    meta = dict(metadata or {})
-    meta[sh.SHARDED_KEY] = sh.describe_sharded(world_size, meshes, keys)
-    return commit(staging, final, records, world_size=world_size, step=step, metadata=meta)
-
-
 # -- the worker side of load_state(sharded=...) -------------------------------------------
 # (the save side is protocol.save with write_rank as its DCP writer)
 

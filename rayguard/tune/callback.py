@@ -107,7 +107,7 @@ class HealthCallback(Callback):
     """Watch each trial of a sweep; restart unhealthy ones from their last good checkpoint.
 
     Usable on its own: ``Tuner(..., run_config=RunConfig(callbacks=[HealthCallback(h)]))``.
-    ``sweep_health``: the series checks' settings (default: those ``health`` carries).
+    ``sweep_health``: the series checks' settings (default: ``SweepHealthConfig()``).
     """
 
     def __init__(self, health: HealthConfig | None = None, *,
@@ -116,7 +116,7 @@ class HealthCallback(Callback):
                  is_good_checkpoint: Callable[[str], bool] = checkpoint_is_good,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.health = health if health is not None else HealthConfig()
-        self.sweep_health = resolve_sweep_health(self.health, sweep_health, "HealthCallback")
+        self.sweep_health = resolve_sweep_health(sweep_health, "HealthCallback")
         self.event_log = event_log if event_log is not None else ev.SweepLog()
         self._is_good = is_good_checkpoint
         self._clock = clock

@@ -60,8 +60,7 @@ def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
             gets the health callback appended to its callbacks (the caller's is not changed).
         health: the checks and restart budget; ``None`` means ``HealthConfig()``.
         sweep_health: the series checks (divergence, throughput collapse, memory growth);
-            ``None``: the ones ``health`` carries (``HealthConfig`` accepts them too), else
-            ``SweepHealthConfig()``. Setting them in both is a ``ConfigError``.
+            ``None`` means ``SweepHealthConfig()``.
         restore: an experiment directory to resume (``TuneRun.experiment_path`` of an
             earlier run); the stored run and tune configs are used, as ``Tuner.restore``
             does, and ``run_config``/``tune_config`` must be left out.
@@ -73,7 +72,7 @@ def run(trainable: Any, *, param_space: dict[str, Any] | None = None,
     if not isinstance(health, HealthConfig):
         raise config_error("rayguard.tune.run", "health", health, "must be a HealthConfig",
                            "pass health=rayguard.HealthConfig(...)")
-    sweep_health = resolve_sweep_health(health, sweep_health, "rayguard.tune.run")
+    sweep_health = resolve_sweep_health(sweep_health, "rayguard.tune.run")
     _register_serializers()
     callback = HealthCallback(health, sweep_health=sweep_health)
     if restore is not None:

@@ -62,9 +62,13 @@ def _rayguard_save(root: Path, rep: int, rank: int, sharded: dict) -> None:
     record, meshes = adapter.write_rank(str(staging_dir_for(final)), rank, sharded, payload)
     records: list = [None] * WORLD
     dist.all_gather_object(records, record)
-    if rank == 0:
-        adapter.commit_sharded(final, records, world_size=WORLD, step=rep, meshes=meshes,
-                               keys=sorted(sharded))
+    if rank == 0:  # the committer's step, as protocol.save takes it
+        from rayguard.train import protocol
+        from rayguard.train.store import LocalStore
+
+        store, meta = LocalStore(str(root)), {}
+        protocol._describe_sharded(store, final, records, meshes, sorted(sharded), WORLD, meta)
+        store.commit(final, records, world_size=WORLD, step=rep, metadata=meta)
 
 
 class _GlooCollective:

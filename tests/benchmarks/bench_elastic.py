@@ -229,7 +229,7 @@ def resize_trial(kind: str, nodes: int = 3, step_s: float = 0.3) -> tuple[float,
     from ray.train.torch import TorchTrainer
 
     import rayguard
-    from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
+    from rayguard.testing.cluster import SimulatedCluster, wait_for
 
     root = tempfile.mkdtemp(prefix=f"bench-elastic-{kind}-")
     out = os.path.join(root, "steps")

@@ -84,8 +84,8 @@ def run_once(mode: str, mib: int, root: str) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
 
     import rayguard
-    from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
     from rayguard.events import read as read_events
+    from rayguard.testing.cluster import SimulatedCluster, wait_for
 
     memory = mode != "disk"
     name = f"{mode}-{time.time_ns()}"

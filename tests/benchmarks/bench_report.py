@@ -42,7 +42,7 @@ def _event(t: float, kind: str, *, rank: int | None = None, node: str | None = N
 
 
 def _summary(t: float, rank: int, step: int, attempt: int) -> dict[str, Any]:
-    # as RunObserver.on_summary writes a rank's StepTimer summary
+    # as RunObserver.on_summaries writes a rank's StepTimer summary
     samples = [[s, 1.0 / (s + 1)] for s in range(step, step + 50, 2)] if rank == 0 else []
     return _event(t, "steps", rank=rank, node=f"n{rank}", step=step + 49, attempt=attempt,
                   detail=f"rank {rank}: steps {step}..{step + 49}, 50 report(s), mean step "

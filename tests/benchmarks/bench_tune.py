@@ -38,8 +38,10 @@ FAULT_STEP = 3
 
 
 def _health(**kw) -> rayguard.HealthConfig:
-    return rayguard.HealthConfig(**{"stall_timeout_s": STALL_TIMEOUT_S, "min_results": 3,
-                                    "window": 5, **kw})
+    return rayguard.HealthConfig(**{"stall_timeout_s": STALL_TIMEOUT_S, **kw})
+
+
+SWEEP = rt.SweepHealthConfig(min_results=3, window=5)
 
 
 def _stall_space(tmp: str) -> dict:
@@ -52,7 +54,7 @@ def stall_ours(storage: str) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as marker:
         run = rt.run(trainables.faulty, param_space=_stall_space(marker),
                      run_config=tune.RunConfig(storage_path=storage, verbose=0),
-                     health=_health())
+                     health=_health(), sweep_health=SWEEP)
         run.wait(timeout=180)
         stalled_at = Path(marker, "stall").stat().st_mtime
     restart = run.events(kind="restart")[0].time
@@ -87,7 +89,7 @@ def run_return_time(storage: str, n: int) -> tuple[list[float], list[float]]:
         t0 = time.perf_counter()
         run = rt.run(trainables.faulty, param_space=space,
                      run_config=tune.RunConfig(storage_path=storage, verbose=0),
-                     health=_health())
+                     health=_health(), sweep_health=SWEEP)
         ours.append(time.perf_counter() - t0)
         run.wait(timeout=120)
     return ours, tuner_s
@@ -102,7 +104,8 @@ FALSE_RESTARTS: list[int] = []
 
 
 def sweep_seconds(storage: str, with_callback: bool, n: int) -> float:
-    callbacks = [rt.HealthCallback(_health(stall_timeout_s=60.0))] if with_callback else []
+    callbacks = ([rt.HealthCallback(_health(stall_timeout_s=60.0), sweep_health=SWEEP)]
+                 if with_callback else [])
     tuner = tune.Tuner(
         tune.with_resources(burst, {"cpu": 0.5}),
         param_space={"n": n, "x": tune.grid_search([0, 1, 2, 3])},
@@ -119,7 +122,7 @@ def callback_cost_us(n: int) -> float:
     """Microseconds per on_trial_result call of the callback, in process."""
     from types import SimpleNamespace
 
-    callback = rt.HealthCallback(_health(stall_timeout_s=60.0))
+    callback = rt.HealthCallback(_health(stall_timeout_s=60.0), sweep_health=SWEEP)
     trial = SimpleNamespace(trial_id="t", status="RUNNING", last_result={},
                             latest_checkpoint_result=None)
     callback._bind = lambda trials: None  # no controller in process

@@ -32,9 +32,9 @@ import pytest
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 from rayguard.elastic.sampler import epoch_order
 from rayguard.events import events_path
+from rayguard.testing.cluster import SimulatedCluster, wait_for
 
 GLOBAL, MICRO, SAMPLES, EPOCHS = 12, 2, 12 * 10, 2
 

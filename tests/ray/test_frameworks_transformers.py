@@ -280,14 +280,13 @@ def test_tune_restarts_an_unhealthy_transformers_trial_from_its_last_good_checkp
     import rayguard.tune as rt
 
     log = str(tmp_path / "steps.jsonl")
-    health = rayguard.HealthConfig(watch_metrics=WATCH, stall_timeout_s=120, max_restarts=2,
-                                   throughput_collapse_fraction=None,
-                                   memory_growth_fraction=None)
+    health = rayguard.HealthConfig(watch_metrics=WATCH, stall_timeout_s=120, max_restarts=2)
+    sweep = rt.SweepHealthConfig(throughput_collapse_fraction=None, memory_growth_fraction=None)
     run = rt.run(trial_fn,
                  param_space={"marker": str(tmp_path / "nan-fired"), "storage": str(tmp_path),
                               "log": log},
                  run_config=tune.RunConfig(storage_path=str(tmp_path / "tune")),
-                 health=health)
+                 health=health, sweep_health=sweep)
     grid = run.wait(timeout=600)
     assert not grid.errors
     restarts = run.events(kind="restart")

@@ -20,8 +20,8 @@ import pytest
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 from rayguard.events import read as read_events
+from rayguard.testing.cluster import SimulatedCluster, wait_for
 
 STEPS = 6
 HOLD = 3  # attempt 0 waits after committing this step until its node is gone

@@ -17,8 +17,8 @@ import torch
 from ray.train import RunConfig, ScalingConfig
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 from rayguard.events import read as read_events
+from rayguard.testing.cluster import SimulatedCluster, wait_for
 
 STEPS = 8
 HOLD = 4  # attempt 0 waits after committing this step until released (or killed)
@@ -131,6 +131,42 @@ def _equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _flipped(files):
+    """``files`` with one byte of the first file flipped."""
+    out = {name: data.copy() for name, data in files.items()}
+    name = sorted(out)[0]
+    out[name][len(out[name]) // 2] ^= 0xFF
+    return out
+
+
+def _corrupt_copies(coordinator, rank, which=("own", "peer")):
+    """Replace rank ``rank``'s committed memory copies named in ``which`` by ones with a
+    flipped byte (put by this driver, which outlives the run); False when there is none.
+    The coordinator's snapshot registry is reached with Ray's ``__ray_call__``: the
+    production actor has no test-only method for it."""
+    import ray
+
+    def refs_of(actor, rank):
+        registry = actor._memory
+        path = registry.committed
+        snap = None if path is None else registry.lookup(path, rank)
+        return None if snap is None else (snap.refs, snap.peer_refs)
+
+    def replace(actor, rank, own, peer):
+        snap = actor._memory.lookup(actor._memory.committed, rank)
+        snap.refs = own if own is not None else snap.refs
+        snap.peer_refs = peer if peer is not None else snap.peer_refs
+
+    found = ray.get(coordinator.__ray_call__.remote(refs_of, rank))
+    if found is None:
+        return False
+    corrupt = [None if name not in which or refs is None
+               else [ray.put(_flipped(ray.get(refs[0])))]
+               for name, refs in zip(("own", "peer"), found, strict=True)]
+    ray.get(coordinator.__ray_call__.remote(replace, rank, *corrupt))
+    return True
+
+
 def _restored(events):
     restored = [e for e in events if e["kind"] == "restored"]
     assert restored, [e["kind"] for e in events]
@@ -149,11 +185,10 @@ def test_worker_killed_restores_from_memory(clean, tmp_path):
 
 @pytest.mark.timeout(900)
 def test_an_own_copy_that_does_not_match_the_manifest_is_served_by_the_peer(clean, tmp_path):
-    import ray
 
     run = Run(tmp_path, "corrupt_own", faults="kill:rank=1,step=5", hold=True)
     run.held_at_hold()
-    assert ray.get(run.trainer._coordinator.memory_corrupt_for_test.remote(0, ("own",)))
+    assert _corrupt_copies(run.trainer._coordinator, 0, ("own",))
     weights, events = run.finish()
     assert _equal(weights, clean)
     restored = _restored(events)
@@ -166,11 +201,10 @@ def test_an_own_copy_that_does_not_match_the_manifest_is_served_by_the_peer(clea
 
 @pytest.mark.timeout(900)
 def test_copy_that_does_not_match_the_manifest_is_read_from_disk(clean, tmp_path):
-    import ray
 
     run = Run(tmp_path, "corrupt", faults="kill:rank=1,step=5", hold=True)
     run.held_at_hold()
-    assert ray.get(run.trainer._coordinator.memory_corrupt_for_test.remote(0))
+    assert _corrupt_copies(run.trainer._coordinator, 0)
     weights, events = run.finish()
     assert _equal(weights, clean)
     restored = _restored(events)

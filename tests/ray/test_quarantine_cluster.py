@@ -19,9 +19,9 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import rayguard
 from rayguard.cli import main as rayguard_main
-from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 from rayguard.events import read as read_events
 from rayguard.health import quarantine_file
+from rayguard.testing.cluster import SimulatedCluster, wait_for
 
 
 def _loop(config: dict) -> None:

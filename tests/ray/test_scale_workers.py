@@ -21,8 +21,8 @@ from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.exceptions import WorkerGroupError
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster
 from rayguard.events import read as read_events
+from rayguard.testing.cluster import SimulatedCluster
 from rayguard.testing.exact_loop import exact_loop, read_lines, same_weights
 
 NODES = 4

@@ -12,8 +12,8 @@ import torch
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster, wait_for
 from rayguard.events import read as read_events
+from rayguard.testing.cluster import SimulatedCluster, wait_for
 
 GLOBAL, MICRO, STEPS = 4, 2, 24
 

@@ -20,8 +20,8 @@ import pytest
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import rayguard
-from rayguard.elastic.rehearsal import SimulatedCluster
 from rayguard.events import read as read_events
+from rayguard.testing.cluster import SimulatedCluster
 
 STEP_S = 0.05
 MAX_STEPS = 1200  # a 2-worker attempt that is never resized ends here and fails the test

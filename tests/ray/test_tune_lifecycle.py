@@ -24,10 +24,11 @@ cloudpickle.register_pickle_by_value(trainables)  # trial actors cannot import t
 
 
 def _health(**kw) -> rayguard.HealthConfig:
-    base = dict(stall_timeout_s=30.0, min_results=3, window=5,
-                throughput_collapse_fraction=None, memory_growth_fraction=None)
-    base.update(kw)
-    return rayguard.HealthConfig(**base)
+    return rayguard.HealthConfig(**{"stall_timeout_s": 30.0, **kw})
+
+
+SWEEP = rt.SweepHealthConfig(min_results=3, window=5, throughput_collapse_fraction=None,
+                             memory_growth_fraction=None)
 
 
 def _alive_trial_actors() -> list:
@@ -42,7 +43,7 @@ def _alive_trial_actors() -> list:
 def test_restart_budget_exhausted_with_plain_tuner(ray_local, tmp_path):
     """A trial that NaNs at every attempt is restarted max_restarts times, then ends as
     errored with the reason; a healthy neighbour under ASHA completes."""
-    callback = rt.HealthCallback(_health(max_restarts=1))
+    callback = rt.HealthCallback(_health(max_restarts=1), sweep_health=SWEEP)
     tuner = tune.Tuner(
         tune.with_resources(trainables.faulty, {"cpu": 0.5}),
         param_space={"kind": tune.grid_search(["nan", "healthy"]), "always": True,
@@ -72,7 +73,7 @@ def test_stop_mid_sweep_leaves_no_actors_then_resume(ray_local, tmp_path):
     run = rt.run(trainable, param_space=param_space,
                  run_config=tune.RunConfig(storage_path=str(tmp_path), name="stopme",
                                            verbose=0),
-                 health=_health())
+                 health=_health(), sweep_health=SWEEP)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         status = run.status()
@@ -91,7 +92,7 @@ def test_stop_mid_sweep_leaves_no_actors_then_resume(ray_local, tmp_path):
     assert run.events(kind="stop_requested")[0].data["resumable"] is True
 
     resumed = rt.run(trainable, param_space=param_space, restore=run.experiment_path,
-                     health=_health())
+                     health=_health(), sweep_health=SWEEP)
     grid = resumed.wait(timeout=120)
     assert not grid.errors
     for r in grid:

@@ -46,13 +46,13 @@ cloudpickle.register_pickle_by_value(__import__(__name__))
 
 
 def test_diverged_trial_resumes_inner_trainer_from_checkpoint_before_anomaly(ray_local, tmp_path):
-    health = rayguard.HealthConfig(stall_timeout_s=120, min_results=3, window=5, max_restarts=2,
-                                   divergence_factor=10.0, throughput_collapse_fraction=None,
-                                   memory_growth_fraction=None)
+    health = rayguard.HealthConfig(stall_timeout_s=120, max_restarts=2)
+    sweep = rt.SweepHealthConfig(min_results=3, window=5, divergence_factor=10.0,
+                                 throughput_collapse_fraction=None, memory_growth_fraction=None)
     run = rt.run(trial_fn,
                  param_space={"marker": str(tmp_path / "marker"), "storage": str(tmp_path)},
                  run_config=tune.RunConfig(storage_path=str(tmp_path / "tune")),
-                 health=health)
+                 health=health, sweep_health=sweep)
     grid = run.wait(timeout=600)
     assert not grid.errors
     restarts = run.events(kind="restart")

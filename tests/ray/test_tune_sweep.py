@@ -27,11 +27,11 @@ STALL_TIMEOUT_S = 3.0
 
 
 def _health(**kw) -> rayguard.HealthConfig:
-    base = dict(stall_timeout_s=STALL_TIMEOUT_S, max_restarts=2, min_results=3, window=5,
-                divergence_factor=10.0, throughput_collapse_fraction=None,
-                memory_growth_fraction=None)
-    base.update(kw)
-    return rayguard.HealthConfig(**base)
+    return rayguard.HealthConfig(**{"stall_timeout_s": STALL_TIMEOUT_S, "max_restarts": 2, **kw})
+
+
+SWEEP = rt.SweepHealthConfig(min_results=3, window=5, divergence_factor=10.0,
+                             throughput_collapse_fraction=None, memory_growth_fraction=None)
 
 
 @pytest.mark.compat  # also run on the oldest supported Ray
@@ -45,7 +45,7 @@ def test_four_trial_sweep_restarts_faulty_trials(ray_local, tmp_path):
                      "fault_step": FAULT_STEP, "steps": 12},
         run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), name="sweep",
                                   verbose=0),
-        health=_health())
+        health=_health(), sweep_health=SWEEP)
     assert not run.done()  # returned before any trial could end
     assert all(s.state not in ("TERMINATED", "ERROR") for s in run.status().values())
 

@@ -8,7 +8,7 @@ import itertools
 import time
 
 from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
-from rayguard.checkpoint.peer import peer_node, peer_plan
+from rayguard.checkpoint.peer import peer_node
 from rayguard.train.memory_tier import _tier_fields
 
 
@@ -20,6 +20,13 @@ def test_the_peer_is_the_next_alive_node_in_sorted_order_never_the_own():
     assert peer_node("n1", ["n1", "n2"], alive={"n1"}) is None
     assert peer_node("n0", ["n1", "n2"]) == "n1"  # own not among the workers' nodes
     assert peer_node("n2", ["n1", "n2", "n2"]) == "n1"
+
+
+def peer_plan(nodes_by_rank: dict[int, str]) -> dict[int, str | None]:
+    """``{rank: peer node}``: what :func:`peer_node` answers for each rank's node, among the
+    nodes of the run's workers (as the coordinator asks it, rank by rank)."""
+    nodes = set(nodes_by_rank.values())
+    return {rank: peer_node(node, nodes) for rank, node in sorted(nodes_by_rank.items())}
 
 
 def test_one_node_lost_leaves_a_copy_of_every_shard_and_each_node_backs_one_other():

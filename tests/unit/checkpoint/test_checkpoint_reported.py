@@ -13,9 +13,7 @@ from rayguard.checkpoint.reported import (
     drop_stale_manifest,
     hash_directory,
     merge_records,
-    read_source,
     seal,
-    writer_rank,
 )
 
 
@@ -31,8 +29,9 @@ def test_a_sealed_directory_verifies_and_a_flipped_byte_or_truncation_does_not(t
     d = _dir(tmp_path, "checkpoint_a", {"model.pt": b"x" * 1000, "sub/optim.pt": b"y" * 10})
     record = hash_directory(d, 0)
     manifest = seal(d, [record, None], world_size=2, step=7)
-    assert manifest.metadata["source"] == REPORTED_SOURCE and read_source(d) == REPORTED_SOURCE
+    assert manifest.metadata["source"] == REPORTED_SOURCE
     assert verify(d).ok and verify(d).manifest.step == 7
+    assert verify(d).manifest.metadata["source"] == REPORTED_SOURCE  # as written to disk
     with open(d / "model.pt", "r+b") as f:
         f.seek(500)
         f.write(b"z")
@@ -50,7 +49,6 @@ def test_ranks_with_the_same_bytes_are_listed_once_and_differing_bytes_are_left_
     assert [(f.path, f.rank) for f in files] == [("model.pt", 0), ("rng_0.pt", 0),
                                                 ("rng_1.pt", 1)]
     assert conflicts == ("log.txt",)
-    assert writer_rank([None, b, c]) == 1 and writer_rank([None, None]) is None
 
 
 def test_a_stale_manifest_is_neither_hashed_nor_kept_by_a_non_writer(tmp_path):

@@ -252,13 +252,14 @@ def test_plan_verification_of_16384_ranks_onto_another_size_covers_every_file_on
 def test_remote_commit_merges_through_the_same_checks(tmp_path):
     import pyarrow.fs as pafs
 
-    from rayguard.checkpoint.remote import commit_remote, download, read_remote_manifest
+    from rayguard.checkpoint.manifest import read_manifest
+    from rayguard.checkpoint.remote import commit_remote, download
 
     fs, remote = pafs.LocalFileSystem(), str(tmp_path / "remote" / "checkpoint_000001")
     fs.create_dir(remote, recursive=True)
     records = _records(64)
     commit_remote(remote, records[::-1], world_size=64, step=1, metadata={}, fs=fs)
-    manifest = read_remote_manifest(remote, fs)
+    manifest = read_manifest(remote)  # a LocalFileSystem: the remote directory is local
     assert [f.path for f in manifest.files] == [p for r in range(64) for p in _names(r)]
     with pytest.raises(CheckpointError, match="rank 9 twice"):
         commit_remote(remote, records + [records[9]], world_size=64, step=1, metadata={}, fs=fs)

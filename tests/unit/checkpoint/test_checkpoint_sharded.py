@@ -191,6 +191,18 @@ def test_adapter_roundtrip_in_place(group, tmp_path):
         adapter.load(str(tmp_path), {"other": {"w": torch.zeros(3)}})
 
 
+def _commit_sharded(final, records, *, world_size, step, meshes, keys, metadata=None):
+    """Rank 0's step of a sharded save, as ``protocol.save`` takes it on a local store: the
+    records must cover DCP's directory exactly, the sharded part is described, then commit."""
+    from rayguard.train import protocol
+    from rayguard.train.store import LocalStore
+
+    store = LocalStore(str(Path(final).parent))
+    meta = dict(metadata or {})
+    protocol._describe_sharded(store, final, records, meshes, keys, world_size, meta)
+    return Path(store.commit(final, records, world_size=world_size, step=step, metadata=meta))
+
+
 def test_write_rank_and_commit_sharded(group, tmp_path):
     from rayguard.train import sharded as adapter
 
@@ -200,8 +212,8 @@ def test_write_rank_and_commit_sharded(group, tmp_path):
     record, meshes = adapter.write_rank(staging, 0, {"model": model}, {"step": 4})
     assert {f.path for f in record.files} == {
         "shard-rank00000.safetensors", "dcp/.metadata", "dcp/__0_0.distcp"}
-    path = adapter.commit_sharded(final, [record], world_size=1, step=4, meshes=meshes,
-                                  keys=["model"], metadata={"attempt": 0})
+    path = _commit_sharded(final, [record], world_size=1, step=4, meshes=meshes,
+                           keys=["model"], metadata={"attempt": 0})
     manifest = ck.read_manifest(path)
     info = sh.check_loadable(manifest, final)
     assert info["world_size"] == 1 and info["keys"] == ["model"] and info["meshes"] == meshes
@@ -212,7 +224,7 @@ def test_write_rank_and_commit_sharded(group, tmp_path):
     record2, _ = adapter.write_rank(str(staging2), 0, {"model": model}, {"step": 5})
     (staging2 / "dcp" / "__0_1.distcp").write_bytes(b"x")
     with pytest.raises(CheckpointError, match=r"written but not hashed \['__0_1.distcp'\]"):
-        adapter.commit_sharded(final2, [record2], world_size=1, step=5, meshes=[], keys=["model"])
+        _commit_sharded(final2, [record2], world_size=1, step=5, meshes=[], keys=["model"])
     assert not staging2.exists() and not Path(final2).exists()
 
 
@@ -250,7 +262,7 @@ def test_verify_share_hashes_only_its_files(tmp_path):
 def test_misuse_is_agreed_on_every_rank_and_fatal():
     import pickle
 
-    from rayguard.controller.failure_policy import is_fatal
+    from rayguard.failures import classify
     from rayguard.train.checkpointing import ShardedStateError, _agree, _Intent
 
     _agree([_Intent(True, 1, True, None), _Intent(False, 1, True, None)])
@@ -260,4 +272,4 @@ def test_misuse_is_agreed_on_every_rank_and_fatal():
     with pytest.raises(ShardedStateError, match="rank 1: bad"):
         _agree([_Intent(True, 1, True, None), _Intent(False, 1, True, "rank 1: bad")])
     err = pickle.loads(pickle.dumps(ShardedStateError("rank 0: x")))
-    assert isinstance(err, CheckpointError) and is_fatal(err) and str(err) == "rank 0: x"
+    assert isinstance(err, CheckpointError) and classify(err).fatal and str(err) == "rank 0: x"

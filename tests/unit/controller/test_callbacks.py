@@ -9,9 +9,10 @@ from ray.exceptions import ActorDiedError
 from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
 
-from rayguard._ray.train import FailureDecision
-from rayguard.controller.callbacks import RayGuardCallback, describe_failure
+from rayguard._ray.train import FailureDecision, unwrap_worker_error
+from rayguard.controller.callbacks import RayGuardCallback
 from rayguard.exceptions import NonFiniteMetricError
+from rayguard.failures import classify
 from rayguard.faults.spec import ENV_SOURCE, injected_mark
 
 
@@ -65,6 +66,13 @@ def test_an_unreadable_cause_is_described_from_the_error(coordinator, events) ->
     callback.before_worker_group_start(None)
     callback.after_worker_group_poll_status(status({0: ValueError("bad")}))
     assert [(e["cause"], e["detail"]) for e in events()] == [("error", "rank 0 failed: ValueError: bad")]
+
+
+def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
+    """``(label, reason, details)`` of a worker's failure as the callback records it: the
+    failure taxonomy's verdict on the error inside Ray's wrapper."""
+    failure = classify(unwrap_worker_error(error), marked)
+    return failure.label, failure.reason, failure.details
 
 
 def test_describe_failure_causes() -> None:

@@ -11,8 +11,8 @@ from ray.train import FailureConfig
 from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 from ray.train.v2.api.exceptions import WorkerGroupError
 
-from rayguard._ray.train import FailureDecision
-from rayguard.controller.failure_policy import STOP_REASON_KEY, GuardFailurePolicy, is_fatal
+from rayguard._ray.train import FailureDecision, unwrap_worker_error
+from rayguard.controller.failure_policy import STOP_REASON_KEY, GuardFailurePolicy
 from rayguard.exceptions import (
     CheckpointError,
     ConfigError,
@@ -21,6 +21,12 @@ from rayguard.exceptions import (
     StateNotCheckpointableError,
     WorkerSetupError,
 )
+from rayguard.failures import classify
+
+
+def is_fatal(error: BaseException) -> bool:
+    """The policy's test: the failure taxonomy's verdict on the error inside Ray's wrapper."""
+    return classify(unwrap_worker_error(error)).fatal
 
 
 def wrapped(error: BaseException) -> UserExceptionWithTraceback:

@@ -19,6 +19,7 @@ from rayguard.controller import fence as fence_module
 from rayguard.controller.callbacks import RayGuardCallback
 from rayguard.controller.fence import FencedFixedPolicy, FenceView, wait_message
 from rayguard.controller.scaling import make_scaling_policy
+from rayguard.health.quarantine import NodeFailure
 from rayguard.placement.exclude import NODE_ID_LABEL
 from rayguard.run.coordinator import RunCoordinator
 
@@ -91,7 +92,7 @@ def test_with_quarantine_off_nothing_is_counted_or_changed(fenced) -> None:
 
 
 def test_the_elastic_policy_counts_only_admitted_nodes(fenced) -> None:
-    fenced.target.record_node_failure(A, 0, "straggler")
+    fenced.target.record_node_failures([NodeFailure(A, 0, "straggler")])
     sc = ScalingConfig(num_workers=(1, 4), resources_per_worker={"CPU": 1})
     policy = make_scaling_policy(sc, [1, 2, 3, 4], fence=FenceView(fenced))
     reserved = reserved_resources([{"CPU": 2.0}, {"CPU": 2.0}])
@@ -101,7 +102,7 @@ def test_the_elastic_policy_counts_only_admitted_nodes(fenced) -> None:
 def test_the_elastic_policy_leaves_out_a_quarantined_nodes_reservation(fenced) -> None:
     if not isinstance(reserved_resources([{"CPU": 1.0}]), dict):
         pytest.skip("Ray 2.59 reserves without node ids: only the placement leaves a node out")
-    fenced.target.record_node_failure(A, 0, "straggler")
+    fenced.target.record_node_failures([NodeFailure(A, 0, "straggler")])
     sc = ScalingConfig(num_workers=(1, 4), resources_per_worker={"CPU": 1})
     policy = make_scaling_policy(sc, [1, 2, 3, 4], fence=FenceView(fenced))
     by_node = {A: {"CPU": 2.0}, B: {"CPU": 1.0}}
@@ -121,8 +122,8 @@ def test_a_fixed_run_that_no_longer_fits_waits_with_a_message(fenced, monkeypatc
     policy._maybe_send_resource_request = lambda: None  # type: ignore[method-assign]
     assert isinstance(policy.make_decision_for_non_running_worker_group(), ResizeDecision)
     fenced.target.record_node_failures([])
-    fenced.target.record_node_failure(A, 0, "killed")
-    fenced.target.record_node_failure(A, 1, "killed")
+    fenced.target.record_node_failures([NodeFailure(A, 0, "killed")])
+    fenced.target.record_node_failures([NodeFailure(A, 1, "killed")])
     assert isinstance(policy.make_decision_for_non_running_worker_group(), NoopDecision)
     assert isinstance(policy.make_decision_for_non_running_worker_group(), NoopDecision)
     lines = fenced.target._log.path.read_text().splitlines()

@@ -23,7 +23,7 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 
 def summary(**over: Any) -> dict[str, Any]:
-    """A ``steps`` event as the coordinator writes it (RunObserver.on_summary)."""
+    """A ``steps`` event as the coordinator writes it (RunObserver.on_summaries)."""
     event = {"time": 1700000030.25, "kind": "steps", "rank": 0, "node": "n0", "step": 299,
              "attempt": 2, "detail": "rank 0: steps 250..299, 50 report(s)", "reports": 50,
              "intervals": 49, "step_time_sum_s": 4.9, "step_time_max_s": 0.2,

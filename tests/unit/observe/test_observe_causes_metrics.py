@@ -97,10 +97,10 @@ def test_observer_turns_summaries_into_steps_and_straggler_events():
     kinds = []
     for t in range(1, 6):
         for rank, step_s in ((0, 0.01), (1, 0.03)):
-            for e in obs.on_summary({"rank": rank, "attempt": 0, "time": float(t), "node": "n",
+            for e in obs.on_summaries([{"rank": rank, "attempt": 0, "time": float(t), "node": "n",
                                      "gpu_ids": [], "intervals": 10, "step_time_sum_s": 10 * step_s,
                                      "reports": 10, "blocked_sum_s": 0.0, "first_step": 0,
-                                     "last_step": 9, "first_time": 0.0, "samples": []}):
+                                     "last_step": 9, "first_time": 0.0, "samples": []}]):
                 kinds.append((e["kind"], e["rank"]))
                 if e["kind"] == "straggler":
                     assert abs(e["ratio"] - 3.0) < 1e-6 and "rank 1" in e["detail"]

@@ -112,7 +112,7 @@ def simulate(rng: random.Random, s: Setting, *, slow: int | None = None) -> Outc
     flagged, max_score = [], 0.0
     while arrivals:
         _, _, summary = heapq.heappop(arrivals)
-        for event in observer.on_summary(summary):
+        for event in observer.on_summaries([summary]):
             if event["kind"] == "straggler":
                 flagged.append((event["rank"], summary["time"]))
             elif summary["time"] - starts[event["rank"]] >= s.window_s:  # a whole window

@@ -44,7 +44,7 @@ def test_any_number_of_ranks_wait_at_once(tmp_path, ranks):
     out = asyncio.run(gather_all(c, "a0:setup", ranks, {r: r * 10 for r in order}))
     expected = [r * 10 for r in range(ranks)]
     assert len(out) == ranks and all(v == expected for v in out.values())
-    assert c.gather_calls() == ranks and c._gathers.pending() == {}
+    assert c._gathers.calls == ranks and c._gathers.pending() == {}
 
 
 def test_a_node_brings_its_ranks_at_once_and_each_is_counted_once(tmp_path):
@@ -108,7 +108,7 @@ def test_close_wakes_a_waiting_rank_with_none_from_another_thread(tmp_path):
     out: list[object] = []
     waiter = threading.Thread(target=lambda: out.append(c.gather("t", 0, 2, "a", 600.0)))
     waiter.start()
-    while not c.call("gather_calls"):  # the rank is in its wait
+    while not c._gathers.calls:  # the rank is in its wait
         threading.Event().wait(0.01)
     c.close()
     waiter.join(timeout=120)

@@ -17,6 +17,11 @@ from rayguard.run.fence import NodeFence
 A, B = "a" * 56, "b" * 56
 
 
+def _record(c: RunCoordinator, failure: NodeFailure, nodes_alive: int | None = None) -> bool:
+    """Count one failure against its node; whether the node is now quarantined."""
+    return failure.node in c.record_node_failures([failure], nodes_alive)
+
+
 def coordinator(tmp_path: Path, **fence) -> RunCoordinator:
     fence.setdefault("path", str(quarantine_file.quarantine_path(tmp_path)))
     return RunCoordinator(str(tmp_path / "events.jsonl"), fence=fence)
@@ -32,8 +37,8 @@ def test_two_attempts_quarantine_the_node_once_with_event_file_and_metric(tmp_pa
     assert c.record_node_failures([NodeFailure(A, 0, "killed", 0), NodeFailure(A, 0, "killed", 1)],
                                   nodes_alive=3) == []
     assert c.excluded_nodes() == []
-    assert c.record_node_failure(A, 1, "oom", rank=1, detail="out of memory", nodes_alive=3)
-    assert not c.record_node_failure(A, 2, "killed", nodes_alive=3)  # already quarantined
+    assert _record(c, NodeFailure(A, 1, "oom", 1, "out of memory"), nodes_alive=3)
+    assert not _record(c, NodeFailure(A, 2, "killed"), nodes_alive=3)  # already quarantined
     fenced = [e for e in events(tmp_path) if e["kind"] == "node_quarantined"]
     assert len(fenced) == 1
     e = fenced[0]
@@ -62,11 +67,11 @@ def test_a_lift_takes_effect_at_the_next_group_and_forgives_earlier_failures(tmp
 
 def test_a_later_run_in_the_same_directory_keeps_the_quarantine(tmp_path) -> None:
     first = coordinator(tmp_path, quarantine_after=1)
-    first.record_node_failure(A, 0, "preflight")
+    _record(first, NodeFailure(A, 0, "preflight"))
     second = coordinator(tmp_path, quarantine_after=1)
     assert second.excluded_nodes() == [A]
     off = coordinator(tmp_path, quarantine_after=None)  # quarantine off: counts nothing
-    assert not off.record_node_failure(B, 0, "killed")
+    assert not _record(off, NodeFailure(B, 0, "killed"))
 
 
 def test_the_only_node_is_never_quarantined(tmp_path) -> None:
@@ -85,7 +90,7 @@ def test_a_remote_run_keeps_the_quarantine_in_memory(tmp_path) -> None:
 
 def test_an_unreadable_file_keeps_what_the_run_knows(tmp_path) -> None:
     c = coordinator(tmp_path, quarantine_after=1)
-    c.record_node_failure(A, 0, "killed")
+    _record(c, NodeFailure(A, 0, "killed"))
     quarantine_file.quarantine_path(tmp_path).write_text("garbage")
     assert c.excluded_nodes() == [A]  # not lifted by a broken file
 

@@ -139,7 +139,7 @@ def test_every_contribution_counts_once_whatever_the_relays_and_the_order(tmp_pa
     full = [f"v{r}" for r in range(world)]
     for r, answer in out.items():  # a rank in a batch with the root's may get every value
         assert answer == full or (root not in (None, r) and answer == [None] * world), r
-    assert c.gather_calls() == world  # each rank's contribution counted once
+    assert c._gathers.calls == world  # each rank's contribution counted once
     assert c._gathers.pending() == {}
     straight = sim.straight()
     for n in range(nodes):  # a node goes straight only when its relay was lost to it
@@ -167,7 +167,7 @@ def test_a_groups_nodes_reach_the_coordinator_in_one_call_with_their_answers(tmp
     assert out[0] == out[3] == records
     errors = [boom if r == 77 else None for r in range(256)]
     assert out[4] == out[255] == errors
-    assert c.gather_calls() == 256 and sum(g.sent for g in sim.groups.values()) == 2
+    assert c._gathers.calls == 256 and sum(g.sent for g in sim.groups.values()) == 2
 
 
 def test_a_relay_lost_mid_gather_leaves_its_group_to_go_straight_and_complete(tmp_path):
@@ -210,7 +210,7 @@ def test_a_relay_lost_mid_gather_leaves_its_group_to_go_straight_and_complete(tm
     sim, out = asyncio.run(run())
     assert out == [[f"v{r}" for r in range(8)]] * 6
     assert sim.straight() == {"n1#1", "n2#1", "n3#1"}
-    assert c.gather_calls() == 8  # node 1's batch arrived twice, counted once
+    assert c._gathers.calls == 8  # node 1's batch arrived twice, counted once
     assert all(sim.sides[n].relay is None for n in (1, 2, 3))
 
 
@@ -233,7 +233,7 @@ def test_a_relay_that_no_longer_answers_is_left_after_a_ping(tmp_path):
             *(sim.aggs[r // 2].gather("a1:t", r, 4, r, 10.0, False, 2) for r in range(4))), 5)
 
     assert asyncio.run(run()) == [[0, 1, 2, 3]] * 4
-    assert c.gather_calls() == 4
+    assert c._gathers.calls == 4
 
 
 def test_a_slow_gather_keeps_a_relay_that_answers_its_pings(tmp_path):

@@ -76,7 +76,7 @@ def test_every_rank_is_counted_exactly_once_whatever_the_arrival_order(tmp_path_
     assert all(result == expected for _, result in out)
     sent = [ranks for kind, ranks in up.calls if kind == "gather"]
     assert sorted(r for ranks in sent for r in ranks) == list(range(world))  # once each
-    assert c.gather_calls() == world
+    assert c._gathers.calls == world
 
 
 def test_the_coordinator_hears_once_per_node_when_every_local_rank_is_in(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from rayguard import HealthConfig
 from rayguard._ray import tune as executor
+from rayguard.tune import SweepHealthConfig
 from rayguard.tune import callback as cb
 
 
@@ -43,9 +44,9 @@ def applied(monkeypatch):
 
 def make(**kw):
     clock = Clock()
-    health = HealthConfig(**{"stall_timeout_s": 5.0, "min_results": 3, "window": 5,
-                             "max_restarts": 1, **kw})
-    return cb.HealthCallback(health, is_good_checkpoint=lambda p: True, clock=clock), clock
+    health = HealthConfig(**{"stall_timeout_s": 5.0, "max_restarts": 1, **kw})
+    return cb.HealthCallback(health, sweep_health=SweepHealthConfig(min_results=3, window=5),
+                             is_good_checkpoint=lambda p: True, clock=clock), clock
 
 
 def report(callback, t, it, loss, clock, ckpt=True):
