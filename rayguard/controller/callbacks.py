@@ -49,21 +49,20 @@ logger = logging.getLogger("rayguard")
 
 
 def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
-    """``(label, one-line reason, details)`` of a worker's failure: the 0.1 ``cause`` label
-    of :func:`rayguard.failures.classify` (``injected kill``, ``stall``, ``nan``, ``died``,
-    ``error``), looking inside Ray's wrapper of a worker's error. ``marked`` is what the
-    worker left with the coordinator before it went."""
+    """``(label, one-line reason, details)`` of a worker's failure: the finer label of
+    :func:`rayguard.failures.classify` (``injected kill``, ``stall``, ``nan``, ``died``,
+    ``error``), looking inside Ray's wrapper of a worker's error.
+    ``marked`` is what the worker left with the coordinator before it went."""
     failure = classify(unwrap_worker_error(error), marked)
     return failure.label, failure.reason, failure.details
 
 
 def failure_fields(failure: Failure) -> dict[str, Any]:
-    """The fields a ``worker_died`` event carries for ``failure``: ``cause`` (the 0.1
-    label), ``failure`` (the cause in :data:`rayguard.failures.CAUSES`), ``fatal``,
-    ``retry``, ``error_type`` and the whole text in ``details``."""
-    return {"cause": failure.label, "failure": failure.cause, "fatal": failure.fatal,
-            "retry": failure.retry, "error_type": failure.error_type,
-            "details": failure.details}
+    """The fields a ``worker_died`` event carries for ``failure``: ``failure`` (the cause in
+    :data:`rayguard.failures.CAUSES`), ``fatal``, ``retry``, ``error_type`` and the whole
+    text in ``details`` (the one-line reason is the event's ``detail``)."""
+    return {"failure": failure.cause, "fatal": failure.fatal, "retry": failure.retry,
+            "error_type": failure.error_type, "details": failure.details}
 
 
 _UNKNOWN = object()  # a coordinator that did not answer
@@ -217,7 +216,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             self.coordinator.record.remote(make_event(
                 "worker_died", f"rank {rank} failed: {record.summary}", rank=rank,
                 node=self._nodes[rank] if rank < len(self._nodes) else None,
-                attempt=self._attempt, cause="error", failure="error",
+                attempt=self._attempt, failure="error",
                 error_type=record.error_type, details=record.traceback or record.summary))
         return unseen
 
