@@ -9,7 +9,7 @@ Standalone use::
 
 The multi-rank protocol (``write_shard`` on every rank, ``commit`` on one) lives in
 :mod:`rayguard.checkpoint.writer` and :mod:`rayguard.checkpoint.commit`; it is internal (the
-training loop reaches it through ``rayguard.train.report``), and its names here are deprecated.
+training loop reaches it through ``rayguard.train.report``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rayguard import _deprecated
-from rayguard.checkpoint.commit import commit as _commit
 from rayguard.checkpoint.fallback import (
     LoadResult,
     Rejection,
@@ -41,22 +39,11 @@ if TYPE_CHECKING:
 _LAZY = {"load": "api", "save": "api", "RNG_STATE_KEY": "rng", "capture_rng_state": "rng",
          "restore_rng_state": "rng"}
 
-# The multi-rank protocol's steps, exported in 0.1; deprecated here (see rayguard._deprecated).
-_INTERNAL = {"cleanup_staging": "rayguard.checkpoint.commit",
-             "discard_staging": "rayguard.checkpoint.commit",
-             "staging_dir_for": "rayguard.checkpoint.commit",
-             "read_shard": "rayguard.checkpoint.reader",
-             "shard_rank_for": "rayguard.checkpoint.reader",
-             "write_shard": "rayguard.checkpoint.writer"}
-_moved = _deprecated.moved("rayguard.checkpoint", _INTERNAL, stacklevel=4)
-commit = _deprecated.shadowing("rayguard.checkpoint", _commit, "rayguard.checkpoint.commit")
-"""Deprecated here: :func:`rayguard.checkpoint.commit.commit`."""
-
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        return _moved(name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"rayguard.checkpoint.{module}"), name)
     globals()[name] = value
     return value

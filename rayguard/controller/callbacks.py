@@ -49,12 +49,11 @@ logger = logging.getLogger("rayguard")
 
 
 def failure_fields(failure: Failure) -> dict[str, Any]:
-    """The fields a ``worker_died`` event carries for ``failure``: ``cause`` (the 0.1
-    label), ``failure`` (the cause in :data:`rayguard.failures.CAUSES`), ``fatal``,
-    ``retry``, ``error_type`` and the whole text in ``details``."""
-    return {"cause": failure.label, "failure": failure.cause, "fatal": failure.fatal,
-            "retry": failure.retry, "error_type": failure.error_type,
-            "details": failure.details}
+    """The fields a ``worker_died`` event carries for ``failure``: ``failure`` (the cause in
+    :data:`rayguard.failures.CAUSES`), ``fatal``, ``retry``, ``error_type`` and the whole
+    text in ``details`` (the one-line reason is the event's ``detail``)."""
+    return {"failure": failure.cause, "fatal": failure.fatal, "retry": failure.retry,
+            "error_type": failure.error_type, "details": failure.details}
 
 
 _UNKNOWN = object()  # a coordinator that did not answer
@@ -208,7 +207,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             self.coordinator.record.remote(make_event(
                 "worker_died", f"rank {rank} failed: {record.summary}", rank=rank,
                 node=self._nodes[rank] if rank < len(self._nodes) else None,
-                attempt=self._attempt, cause="error", failure="error",
+                attempt=self._attempt, failure="error",
                 error_type=record.error_type, details=record.traceback or record.summary))
         return unseen
 

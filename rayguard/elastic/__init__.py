@@ -6,7 +6,6 @@ resizes. Pure planners (:mod:`.geometry`, :mod:`.remap`, :mod:`.resharding`), th
 
 from __future__ import annotations
 
-from rayguard import _deprecated
 from rayguard.elastic.geometry import (
     check_world_size,
     grad_accum_steps,
@@ -35,8 +34,3 @@ __all__ = [
     "scaled_lr",
     "valid_world_sizes",
 ]
-
-# The controller's slot bookkeeping, exported in 0.1; deprecated here.
-__getattr__ = _deprecated.moved("rayguard.elastic", {
-    "assignment_from_state": "rayguard.elastic.remap", "slot_key": "rayguard.elastic.remap",
-    "slots_from_workers": "rayguard.elastic.remap"})

@@ -85,7 +85,7 @@ def slot_from_key(key: str) -> WorkerSlot:
         return WorkerSlot(node_id, int(local), tuple(int(g) for g in gpus.split(",") if g))
     except ValueError:
         raise ConfigError(f"slot_from_key({key!r}): not a 'node_id/local_index/gpu_ids' key. "
-                          "Fix: pass a key written by rayguard.elastic.slot_key") from None
+                          "Fix: pass a key written by rayguard.elastic.remap.slot_key") from None
 
 
 def assignment_from_state(state: Mapping[str, int]) -> dict[WorkerSlot, int]:

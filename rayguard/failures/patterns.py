@@ -1,7 +1,6 @@
 """Text that names a kind of failure, in one place: Ray's death messages, out-of-memory and
 preemption wording, and the gloo/NCCL errors a peer's death causes. The classifier reads an
-exception's text with them; :mod:`rayguard.observe.causes` reads event logs written by
-rayguard 0.1 (whose ``worker_died`` events carry no ``failure`` field) with the same ones."""
+exception's text with them."""
 
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ A failure has a ``cause`` from one vocabulary (:data:`CAUSES`, most severe first
 in which several ranks failed reads as its most severe cause, :func:`most_severe`), whether
 it is ``fatal``, and its ``retry`` policy (:mod:`rayguard.failures.fatal`). The ``cause``
 values are the ones a ``restart`` event, ``rayguard report`` and the ``rayguard_restarts``
-metric show. ``label`` is the finer name ``worker_died`` events have carried in their
-``cause`` field since 0.1 (``injected kill``, ``stall``, ``startup``, ``died``, ``nan``,
-``error``), kept as it was.
+metric show, and a ``worker_died`` event's ``failure`` field. ``label`` is a finer name
+(``injected kill``, ``stall``, ``startup``, ``died``, ``nan``, ``error``) for the controller
+(quarantine does not count an injected kill against a node); no event carries it, the
+one-line ``reason`` (an event's ``detail``) says the same in words.
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ class Failure:
     cause: str
     """One of :data:`CAUSES`."""
     label: str
-    """The ``worker_died`` event's ``cause`` since 0.1: an injected fault as marked
-    (``injected kill``), the watchdog's bound (``stall``, ``startup``), ``nan``, ``died``,
-    ``error``."""
+    """A finer name than ``cause``: an injected fault as marked (``injected kill``), the
+    watchdog's bound (``stall``, ``startup``), ``nan``, ``died``, ``error``."""
     reason: str
     """One line: what happened, for a person."""
     fatal: bool
@@ -75,7 +75,7 @@ def _died(exc: BaseException) -> bool:
 
 
 def _label_reason(exc: BaseException, mark: str | None, died: bool) -> tuple[str, str]:
-    """The 0.1 ``cause`` label and the one-line reason. A NaN the guard detected reads as
+    """The finer label and the one-line reason. A NaN the guard detected reads as
     ``nan`` even when the NaN was injected (the reason says so): the guard stopped it. An
     injected fault's reason names where it was given (``GuardConfig(faults=...)`` or
     ``RAYGUARD_FAULTS``)."""

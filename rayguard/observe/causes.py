@@ -7,8 +7,8 @@ function), ``unknown`` (and the never-retried ``config``, ``setup``, ``checkpoin
 
 Each ``worker_died`` event carries the cause the controller classified where the failure
 happened (its ``failure`` field, :func:`rayguard.failures.classify`); an attempt reads as
-the most severe. Events written by rayguard 0.1 have no such field: their cause is read
-from the event's text (:mod:`rayguard.failures.patterns`).
+the most severe. An older log's ``worker_died`` that has only the old ``cause`` label
+(``died``, ``stall``, ``injected kill``, ...) reads through :data:`_OLD_LABELS`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from rayguard.failures import CAUSES, most_severe
-from rayguard.failures.patterns import text_cause
 
-__all__ = ["CAUSES", "FAILURE_KINDS", "failure_cause", "hang_culprits", "legacy_cause"]
+__all__ = ["CAUSES", "FAILURE_KINDS", "failure_cause", "hang_culprits"]
 
 FAILURE_KINDS = ("stall_detected", "nan_detected", "diverged", "preflight_error", "worker_died",
                  "crash_loop", "hang_diagnosed")
@@ -28,36 +27,21 @@ _BY_KIND = {"stall_detected": "hang", "nan_detected": "nan", "diverged": "nan",
             "preflight_error": "preflight",
             "hang_diagnosed": "hang"}
 
-
-def _text(event: dict[str, Any]) -> str:
-    parts = [event.get("detail"), event.get("details"), event.get("error")]
-    return " ".join(str(p) for p in parts if p)
-
-
-def legacy_cause(died: Iterable[dict[str, Any]]) -> str | None:
-    """The cause of 0.1 ``worker_died`` events (no ``failure`` field), read from their text
-    (``None``: no such event)."""
-    texts = [_text(event) for event in died]
-    return text_cause(" ".join(texts)) if texts else None
+_OLD_LABELS = {"died": "kill", "injected kill": "kill", "stall": "hang", "startup": "hang",
+               "injected hang": "hang", "injected raise": "error", "injected nan": "nan"}
+"""The old ``worker_died`` ``cause`` labels as causes (``nan``, ``error`` are causes already)."""
 
 
 def failure_cause(events: Iterable[dict[str, Any]]) -> str:
     """The cause of the failure these events (one attempt's) describe."""
     causes: list[str] = []
-    legacy: list[dict[str, Any]] = []
     for event in events:
         kind = event.get("kind")
         if kind in _BY_KIND:
             causes.append(_BY_KIND[str(kind)])
         elif kind == "worker_died":
-            failure = event.get("failure")
-            if isinstance(failure, str) and failure in CAUSES:
-                causes.append(failure)
-            else:
-                legacy.append(event)
-    old = legacy_cause(legacy)
-    if old is not None:
-        causes.append(old)
+            old = str(event.get("cause"))  # an older log: only the old label
+            causes.append(str(event.get("failure") or _OLD_LABELS.get(old, old)))
     return most_severe(causes)
 
 

@@ -12,20 +12,16 @@ Discovery order (first that answers wins):
 The pieces live in their own modules: the records in :mod:`~rayguard.placement.model`, the
 cpulist format in :mod:`~rayguard.placement.cpulist`, the JSON form in
 :mod:`~rayguard.placement.schema`, the machine reading in
-:mod:`~rayguard.placement.discovery`. Their public names stay importable from here.
+:mod:`~rayguard.placement.discovery`. The records and the JSON form's names are re-exported
+here (``__all__``); the rest is imported from its own module.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
-from rayguard import _deprecated
 from rayguard.constants import TOPOLOGY_ENV_VAR
-from rayguard.placement import cpulist as _cpulist
-from rayguard.placement import discovery as _discovery
-from rayguard.placement import model as _model
 from rayguard.placement.discovery import discover_machine
 from rayguard.placement.model import (
     LOCAL_DISTANCE,
@@ -46,20 +42,6 @@ def discover_topology(environ: Mapping[str, str] | None = None) -> Topology:
     if override:
         return load_topology_file(override)
     return discover_machine()
-
-
-# Names that lived here before the split, now in the module that owns them.
-_MOVED: dict[str, Any] = {
-    "parse_cpulist": _cpulist, "format_cpulist": _cpulist, "normalize_bus_id": _model,
-    "SYS_NODE_DIR": _discovery, "SYS_CPU_DIR": _discovery, "SYS_PCI_DIR": _discovery,
-    "PROC_NVIDIA_GPUS": _discovery, "pci_numa_node": _discovery,
-    "discover_numa_nodes": _discovery, "discover_gpus_nvml": _discovery,
-    "discover_gpus_sysfs": _discovery,
-}
-
-
-__getattr__ = _deprecated.moved(
-    "rayguard.placement.topology", {n: m.__name__ for n, m in _MOVED.items()}, why="moved")
 
 
 __all__ = [

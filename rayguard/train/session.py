@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rayguard import _deprecated
 from rayguard.checkpoint.checkpointable import check_checkpointable
 from rayguard.config import GuardConfig
 from rayguard.faults import Fault, FaultInjector
@@ -298,13 +297,3 @@ def current_session() -> WorkerSession | None:
     """The session ``rayguard.train.report/heartbeat/load_state`` act on (``None``: no
     training function of a RobustTrainer runs in this process)."""
     return _SESSION
-
-
-_MOVED = {"FatalNonFiniteMetricError": "rayguard.exceptions",
-          "dump_stacks": "rayguard.health.stall",
-          "watch_optimizer_steps": "rayguard.health.stall",
-          "resolve_step": "rayguard.train.steps"}
-
-
-# Names that moved out of this module keep working here, with a DeprecationWarning.
-__getattr__ = _deprecated.moved("rayguard.train.session", _MOVED, why="moved")

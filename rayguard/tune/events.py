@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,10 +156,3 @@ def read(path: str | Path) -> list[SweepEvent]:
     parsed = read_log(EventSource("sweep", str(path)))
     return [SweepEvent.from_record(record) for record in parsed.events]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "EventLog":  # the sweep's log had the run writer's name
-        warnings.warn("rayguard.tune.events.EventLog is now rayguard.tune.events.SweepLog",
-                      DeprecationWarning, stacklevel=2)
-        return SweepLog
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

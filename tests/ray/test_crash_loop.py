@@ -63,7 +63,7 @@ def test_a_deterministic_bug_ends_after_one_repeat_with_the_users_exception(ray_
     kinds = [e["kind"] for e in events]
     assert "crash_loop" in kinds and kinds[-1] == "failed"
     died = [e for e in events if e["kind"] == "worker_died"]
-    assert died and all("\n" not in e["detail"] and e["cause"] == "error" for e in died)
+    assert died and all("\n" not in e["detail"] and e["failure"] == "error" for e in died)
     assert all("my bug" in e["details"] for e in died)
 
 

@@ -220,7 +220,7 @@ def test_a_nan_reported_through_ray_train_report_restarts_the_group(ray_local, t
     assert (marker / "resumed-0-6").exists()  # rolled back to the step-5 checkpoint
     assert _final(marker) == [expected_weights()] * 2
     died = [e for e in read_events(trainer.run_dir) if e["kind"] == "worker_died"]
-    assert any(e["cause"] == "nan" for e in died), died
+    assert any(e["failure"] == "nan" for e in died), died
 
 
 def test_a_nan_with_policy_fail_ends_the_run_with_rayguards_message(ray_local, tmp_path):

@@ -94,10 +94,11 @@ def _restored_step(events):
 
 
 def _assert_ended(events, *, cause, rank, died):
-    """The attempt ended in a restart for ``cause``, rank ``rank`` failing with ``died``."""
+    """The attempt ended in a restart for ``cause``, rank ``rank`` failing with ``died`` (in
+    its one-line reason)."""
     assert [e["cause"] for e in _of(events, "restart")] == [cause]
     failed = _of(events, "worker_died", rank=rank)
-    assert failed and failed[0]["cause"] == died, failed
+    assert failed and died in failed[0]["detail"], failed
 
 
 def _assert_injected(events, *, kind, rank):
@@ -110,7 +111,7 @@ def _assert_injected(events, *, kind, rank):
 
 def _assert_hang(events, *, rank, step):
     """The stall bound caught rank ``rank`` stuck after ``step``; its stacks show where."""
-    _assert_ended(events, cause="hang", rank=rank, died="stall")
+    _assert_ended(events, cause="hang", rank=rank, died="killed by rayguard: stall")
     stalls = _of(events, "stall_detected")
     assert stalls and stalls[0]["rank"] == rank and stalls[0]["step"] == step, stalls
     with open(stalls[0]["stacks"]) as f:
@@ -119,7 +120,7 @@ def _assert_hang(events, *, rank, step):
 
 def _assert_nan(events, *, step):
     """The NaN at ``step`` ended the attempt before a checkpoint of that step committed."""
-    _assert_ended(events, cause="nan", rank=0, died="nan")
+    _assert_ended(events, cause="nan", rank=0, died="NonFiniteMetricError")
     assert [e["step"] for e in _of(events, "nan_detected")] == [step]
     assert not _of(events, "checkpoint_committed", step=step)
 

@@ -26,5 +26,6 @@ def test_a_start_that_never_ends_is_caught_by_the_startup_bound(ray_local, tmp_p
     assert stalls and stalls[0]["bound"] == "startup" and stalls[0]["rank"] == 0
     assert "startup_timeout_s" in stalls[0]["detail"]
     died = [e for e in events if e["kind"] == "worker_died" and e["rank"] == 0]
-    assert died and died[0]["cause"] == "startup", died
+    assert died and died[0]["failure"] == "hang", died
+    assert "killed by rayguard: startup" in died[0]["detail"]
     assert events[-1]["kind"] == "finished"

@@ -57,29 +57,6 @@ PUBLIC = {
     "rayguard._torch": [],
 }
 
-# Names 0.1 exported that left __all__: they still import, with a DeprecationWarning naming
-# their home (the object is the home's).
-DEPRECATED = {
-    "rayguard.checkpoint": {
-        "cleanup_staging": "rayguard.checkpoint.commit",
-        "commit": "rayguard.checkpoint.commit",
-        "discard_staging": "rayguard.checkpoint.commit",
-        "staging_dir_for": "rayguard.checkpoint.commit",
-        "read_shard": "rayguard.checkpoint.reader",
-        "shard_rank_for": "rayguard.checkpoint.reader",
-        "write_shard": "rayguard.checkpoint.writer"},
-    "rayguard.progress": {
-        "NOTABLE_KINDS": "rayguard.events.kinds",
-        "SEND_INTERVAL_S": "rayguard.constants",
-        "ProgressPrinter": "rayguard.observe.progress",
-        "attempt_view": "rayguard.observe.progress"},
-    "rayguard.elastic": {
-        "assignment_from_state": "rayguard.elastic.remap",
-        "slot_key": "rayguard.elastic.remap",
-        "slots_from_workers": "rayguard.elastic.remap"},
-}
-
-
 def _packages() -> list[str]:
     root = Path(rayguard.__file__).parent
     return sorted(".".join(("rayguard", *p.parent.relative_to(root).parts))
@@ -106,19 +83,38 @@ def test_every_config_is_reachable_from_rayguard():
         assert getattr(rayguard, config.__name__) is config
 
 
-@pytest.mark.parametrize("package, name", [(p, n) for p, names in DEPRECATED.items()
+# The 0.x deprecated aliases were removed: each name is imported from its home (changelog).
+REMOVED = {
+    "rayguard.checkpoint": ["cleanup_staging", "discard_staging", "staging_dir_for",
+                            "read_shard", "shard_rank_for", "write_shard"],
+    "rayguard.elastic": ["assignment_from_state", "slot_key", "slots_from_workers"],
+    "rayguard.train.session": ["FatalNonFiniteMetricError", "dump_stacks",
+                               "watch_optimizer_steps"],
+    "rayguard.placement.topology": ["parse_cpulist", "format_cpulist", "discover_gpus_sysfs"],
+}
+
+
+@pytest.mark.parametrize("package, name", [(p, n) for p, names in REMOVED.items()
                                            for n in names])
-def test_deprecated_names_still_import_with_a_warning(package, name):
-    module = importlib.import_module(package)
-    home = importlib.import_module(DEPRECATED[package][name])
-    assert name not in module.__all__
-    with pytest.warns(DeprecationWarning, match=f"{package}.*{name}.*"
-                      f"import it from {DEPRECATED[package][name]}"):
-        value = getattr(module, name)
-        if value is not getattr(home, name):  # a wrapper where a submodule has the name
-            assert value.__wrapped__ is getattr(home, name)
-            with pytest.raises(TypeError):
-                value()  # the call warns, then the real function refuses no arguments
+def test_removed_aliases_are_gone(package, name):
+    with pytest.raises(AttributeError):
+        getattr(importlib.import_module(package), name)
+
+
+@pytest.mark.parametrize("module", ["rayguard.fault_spec", "rayguard.progress",
+                                    "rayguard.observe.log", "rayguard.testing.faults",
+                                    "rayguard._deprecated"])
+def test_removed_modules_are_gone(module):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(module)
+
+
+def test_checkpoint_commit_is_the_module():
+    from rayguard import checkpoint
+    from rayguard.checkpoint import commit
+
+    assert commit is importlib.import_module("rayguard.checkpoint.commit")
+    assert callable(checkpoint.commit.commit)
 
 
 def test_robust_trainer_is_a_torch_trainer():

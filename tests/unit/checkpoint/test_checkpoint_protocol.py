@@ -8,17 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rayguard.checkpoint import (
-    cleanup_staging,
-    commit,
-    read_manifest,
-    read_shard,
-    staging_dir_for,
-    verify,
-    write_shard,
-)
+from rayguard.checkpoint import read_manifest, verify
+from rayguard.checkpoint.commit import cleanup_staging, commit, staging_dir_for
 from rayguard.checkpoint.hashing import digest_bytes
 from rayguard.checkpoint.manifest import release_of
+from rayguard.checkpoint.reader import read_shard
+from rayguard.checkpoint.writer import write_shard
 from rayguard.exceptions import CheckpointError
 
 

@@ -9,18 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rayguard.checkpoint import (
-    commit,
-    read_manifest,
-    scan,
-    schemes,
-    staging_dir_for,
-    verify,
-    write_shard,
-)
+from rayguard.checkpoint import read_manifest, scan, schemes, verify
+from rayguard.checkpoint.commit import commit, staging_dir_for
 from rayguard.checkpoint.hashing import digest_bytes
 from rayguard.checkpoint.manifest import MANIFEST_NAME
 from rayguard.checkpoint.reader import read_shard
+from rayguard.checkpoint.writer import write_shard
 from rayguard.config import CheckpointConfig
 from rayguard.exceptions import CheckpointCorruptError, CheckpointError, ConfigError
 

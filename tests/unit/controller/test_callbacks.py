@@ -36,8 +36,9 @@ def test_each_failure_is_recorded_once_per_attempt_with_its_cause(coordinator, e
     callback.after_worker_group_poll_status(polled)
     callback.after_worker_group_poll_status(polled)  # polled again: nothing new
     died = [e for e in events() if e["kind"] == "worker_died"]
-    assert [(e["rank"], e["attempt"], e["cause"]) for e in died] == [
-        (1, 0, "injected kill at step 3"), (2, 0, "nan")]
+    assert [(e["rank"], e["attempt"], e["failure"]) for e in died] == [
+        (1, 0, "error"), (2, 0, "nan")]
+    assert died[0]["detail"].startswith("rank 1 failed: injected kill at step 3")
     assert died[1]["detail"] == "rank 2 failed: NonFiniteMetricError: loss is nan"
     assert "more" in died[1]["details"]
     callback.before_worker_group_start(None)  # the same rank failing in a new attempt is new
@@ -65,7 +66,7 @@ def test_an_unreadable_cause_is_described_from_the_error(coordinator, events) ->
     callback = RayGuardCallback(NoGet())
     callback.before_worker_group_start(None)
     callback.after_worker_group_poll_status(status({0: ValueError("bad")}))
-    assert [(e["cause"], e["detail"]) for e in events()] == [("error", "rank 0 failed: ValueError: bad")]
+    assert [(e["failure"], e["detail"]) for e in events()] == [("error", "rank 0 failed: ValueError: bad")]
 
 
 def describe_failure(error: BaseException, marked: str | None) -> tuple[str, str, str]:
@@ -123,11 +124,13 @@ def test_worker_died_carries_the_classified_failure(coordinator, events) -> None
         0: UserExceptionWithTraceback(ConfigError("bad value"), "tb"), 1: ActorDiedError(),
         2: ValueError("my bug")}))
     died = {e["rank"]: e for e in events() if e["kind"] == "worker_died"}
-    fields = ("cause", "failure", "fatal", "retry", "error_type")
+    fields = ("failure", "fatal", "retry", "error_type")
     assert tuple(died[0][k] for k in fields) == (
-        "error", "config", True, "not_retried", "rayguard.exceptions.ConfigError")
-    assert tuple(died[1][k] for k in fields[:4]) == ("injected kill", "kill", False, "retried")
-    assert tuple(died[2][k] for k in fields[:4]) == ("error", "error", False, "after_one_repeat")
+        "config", True, "not_retried", "rayguard.exceptions.ConfigError")
+    assert tuple(died[1][k] for k in fields[:3]) == ("kill", False, "retried")
+    assert "injected kill" in died[1]["detail"]
+    assert tuple(died[2][k] for k in fields[:3]) == ("error", False, "after_one_repeat")
+    assert all("cause" not in e for e in died.values())  # one cause field: failure
 
 
 def test_a_failure_after_an_in_place_rollback_is_the_rollbacks_attempt(coordinator, events) -> None:

@@ -44,7 +44,7 @@ def test_a_deterministic_bug_ends_after_one_repeat(harness):
     kinds = h.kinds()
     assert kinds.count("crash_loop") == 1 and kinds.count("restart") == 1
     died = h.events("worker_died")
-    assert len(died) == 4 and all(e["cause"] == "error" and "my bug" in e["details"]
+    assert len(died) == 4 and all(e["failure"] == "error" and "my bug" in e["details"]
                                   for e in died)
     stop = h.coordinator.get(STOP_REASON_KEY)
     assert stop["kind"] == "crash_loop" and "crash_loop_retries=1" in stop["reason"]
@@ -150,4 +150,6 @@ def test_a_worker_that_dies_is_never_a_crash_loop(harness, workers):
     h = harness(dies, num_workers=workers, failure_config=FailureConfig(max_failures=2)).run()
     assert h.state == "ERRORED" and attempts(h) == [0, 1, 2]
     assert "crash_loop" not in h.kinds()
-    assert {e["cause"] for e in h.events("worker_died")} == {"died"}
+    died = h.events("worker_died")
+    assert {e["failure"] for e in died} == {"kill"}
+    assert all("worker process died" in e["detail"] for e in died)

@@ -176,7 +176,7 @@ def test_a_bug_every_rank_hits_seen_one_rank_per_poll_restarts_the_group(
     died = [e for e in events() if e["kind"] == "worker_died"]
     assert sorted(e["rank"] for e in died) == list(range(WORLD))
     assert all("my bug" in e["detail"] and "my bug" in e["details"] for e in died)
-    assert all(e["cause"] == "error" and e["error_type"].endswith("ValueError") for e in died)
+    assert all(e["failure"] == "error" and e["error_type"].endswith("ValueError") for e in died)
 
 
 def test_ranks_that_raised_before_the_poll_saw_them_are_replaced_with_the_others(

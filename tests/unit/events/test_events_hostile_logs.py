@@ -90,7 +90,7 @@ def test_report_data_block_escapes_every_angle_bracket(tmp_path):
     pytest.importorskip("plotly")
     detail = "<!--<script>alert(1)</script> & </script><b>x</b>"
     events = [GOOD, {**GOOD2, "kind": "worker_died", "rank": 1, "detail": detail,
-                     "cause": "<!--<script>"},
+                     "failure": "<!--<script>"},
               {**GOOD2, "kind": "restart", "cause": "<!--<script>"}, GOOD2]
     with open(tmp_path / "rayguard_events.jsonl", "w") as f:
         f.write("".join(json.dumps(e) + "\n" for e in events))

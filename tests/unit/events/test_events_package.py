@@ -1,4 +1,4 @@
-"""One kind list for runs and sweeps, checked the same way; the old import paths still work."""
+"""One kind list for runs and sweeps, checked the same way; the 0.x paths are gone."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import importlib
 
 import pytest
 
-from rayguard import constants
 from rayguard.events import KINDS, NOTABLE_KINDS, make_event
 from rayguard.events import kinds as k
 from rayguard.tune import events as ev
@@ -26,17 +25,11 @@ def test_a_sweep_kind_not_in_the_list_is_refused_as_a_run_kind_is():
         ev.SweepLog().record("bogus", None, "x")
 
 
-def test_old_import_paths_still_give_the_same_objects():
+def test_the_reader_is_the_packages_read_and_the_0x_paths_are_gone():
     from rayguard.events import read
-    from rayguard.observe.progress import ProgressPrinter, attempt_view
 
-    progress = importlib.import_module("rayguard.progress")
-    assert progress.NOTABLE_KINDS is NOTABLE_KINDS
-    assert progress.SEND_INTERVAL_S == constants.SEND_INTERVAL_S
-    assert progress.attempt_view is attempt_view and progress.ProgressPrinter is ProgressPrinter
-    with pytest.warns(DeprecationWarning, match="SweepLog"):
-        assert ev.EventLog is ev.SweepLog
-    observe_log = importlib.import_module("rayguard.observe.log")
-    with pytest.warns(DeprecationWarning, match="rayguard.events.read"):
-        assert observe_log.read_log is importlib.import_module("rayguard.events.read").read_log
     assert read is importlib.import_module("rayguard.events.read").read
+    assert not hasattr(ev, "EventLog")  # the sweep's log is ev.SweepLog
+    for old in ("rayguard.progress", "rayguard.observe.log"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)

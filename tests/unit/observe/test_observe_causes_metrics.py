@@ -16,30 +16,28 @@ def _ev(kind, **kw):
             "detail": "", **kw}
 
 
-def test_causes_of_a_log_written_by_0_1_are_read_from_its_text():
-    # worker_died events of rayguard 0.1 carry no "failure" field
-    assert failure_cause([_ev("worker_died", detail=RAY_DEATH)]) == "kill"
-    assert failure_cause([_ev("stall_detected"), _ev("worker_died", detail=RAY_DEATH)]) == "hang"
-    assert failure_cause([_ev("nan_detected"), _ev("worker_died", detail="NonFiniteMetricError")]) == "nan"
-    assert failure_cause([_ev("worker_died", detail="InjectedFault: boom")]) == "error"
-    assert failure_cause([_ev("worker_died", detail="x", details="torch.OutOfMemoryError: CUDA out of memory")]) == "oom"
-    assert failure_cause([_ev("worker_died", detail="NodeDiedError: node was preempted")]) == "preemption"
-    assert failure_cause([_ev("worker_died", detail="rank 1 failed: WorkerHealthCheckFailedError: "
-                              "A worker health check failed.")]) == "kill"
+def test_causes_come_from_the_classified_failure_field():
+    died = _ev("worker_died", detail="rank 1 failed: worker process died (ActorDiedError: x)",
+               failure="oom")
+    assert failure_cause([died]) == "oom"  # the classifier's, not the text's "kill"
+    assert failure_cause([_ev("worker_died", failure="error"),
+                          _ev("worker_died", failure="kill")]) == "kill"
+    assert failure_cause([_ev("stall_detected"), _ev("worker_died", failure="kill")]) == "hang"
+    assert failure_cause([_ev("worker_died", detail=RAY_DEATH, failure="a newer cause")]) == "unknown"
+    assert failure_cause([_ev("worker_died", detail=RAY_DEATH)]) == "unknown"  # text is not read
     assert failure_cause([]) == "unknown"
 
 
-def test_causes_come_from_the_classified_failure_field():
-    died = _ev("worker_died", detail="rank 1 failed: worker process died (ActorDiedError: x)",
-               cause="died", failure="oom")
-    assert failure_cause([died]) == "oom"  # the classifier's, not the text's "kill"
-    assert failure_cause([_ev("worker_died", cause="error", failure="error"),
-                          _ev("worker_died", cause="injected kill", failure="kill")]) == "kill"
-    assert failure_cause([_ev("stall_detected"), _ev("worker_died", failure="kill")]) == "hang"
-    assert failure_cause([_ev("worker_died", detail=RAY_DEATH, failure="a newer cause")]) == "kill"
-    # one event of 0.1 beside one of now: both count
+def test_an_older_logs_worker_died_with_only_the_old_cause_label_still_reads():
+    for label, cause in (("died", "kill"), ("injected kill", "kill"), ("stall", "hang"),
+                         ("startup", "hang"), ("nan", "nan"), ("error", "error"),
+                         ("injected raise", "error"), ("a label never written", "unknown")):
+        assert failure_cause([_ev("worker_died", cause=label)]) == cause, label
+    assert failure_cause([_ev("stall_detected"), _ev("worker_died", cause="died")]) == "hang"
+    assert failure_cause([_ev("worker_died", cause="died", failure="oom")]) == "oom"
+    # one event of an older log beside one of now: both count
     assert failure_cause([_ev("worker_died", failure="error"),
-                          _ev("worker_died", detail=RAY_DEATH)]) == "kill"
+                          _ev("worker_died", cause="died")]) == "kill"
 
 
 def test_metric_names_follow_prometheus_conventions():
@@ -78,7 +76,7 @@ class FakeMetrics:
 def test_observer_annotates_restarts_and_fallbacks_and_emits_metrics():
     metrics = FakeMetrics()
     obs = RunObserver("run", metrics=metrics)
-    for event in (_ev("stall_detected", rank=0), _ev("worker_died", detail=RAY_DEATH),
+    for event in (_ev("stall_detected", rank=0), _ev("worker_died", failure="kill"),
                   _ev("restart"), _ev("checkpoint_rejected", attempt=1), _ev("restored", attempt=1),
                   _ev("restored", attempt=2)):
         obs.annotate(event)
@@ -111,7 +109,7 @@ def test_observer_turns_summaries_into_steps_and_straggler_events():
 def test_a_restarts_cause_and_metric_come_from_the_classified_worker_died():
     metrics = FakeMetrics()
     obs = RunObserver("run", metrics=metrics)
-    for event in (_ev("worker_died", detail=RAY_DEATH, cause="died", failure="oom"), _ev("restart")):
+    for event in (_ev("worker_died", detail=RAY_DEATH, failure="oom"), _ev("restart")):
         obs.annotate(event)
         obs.emit(event)
     assert event["cause"] == "oom"

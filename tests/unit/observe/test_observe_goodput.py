@@ -72,7 +72,7 @@ def kill_with_restore() -> list[dict[str, Any]]:
             ev(12, "checkpoint_committed", 0, step=19, seconds=1.0, blocked_s=1.0),
             steps(20, 0, 1, 40, first_time=3.5, sum_s=20.0, intervals=40),
             ev(25, "fault_injected", 0, step=45, fault="kill"),
-            ev(27, "worker_died", 0, rank=1, cause="injected kill"),
+            ev(27, "worker_died", 0, rank=1, failure="kill"),
             ev(28, "restart", 0), ev(35, "attempt_started", 1, group_start_time=T0 + 30,
                setup_start_time=T0 + 33), ev(36, "restored", 1, step=19),
             steps(38, 1, 20, 20, first_time=37, sum_s=0.0, intervals=0),
@@ -105,7 +105,7 @@ def test_hang_counts_the_stall_and_degrades_without_the_start_events():
               steps(2, 0, 0, 0, first_time=2, sum_s=0.0, intervals=0),
               steps(25, 0, 1, 30, first_time=2.5, sum_s=15.0, intervals=30),
               ev(40, "stall_detected", 0, step=30, timeout_s=10.0),
-              ev(41, "worker_died", 0, cause="stall"), ev(41.5, "restart", 0),
+              ev(41, "worker_died", 0, failure="hang"), ev(41.5, "restart", 0),
               ev(45, "attempt_started", 1),
               steps(46, 1, 0, 0, first_time=46, sum_s=0.0, intervals=0),
               ev(60, "finished")]
@@ -128,7 +128,7 @@ def test_preemption_notice_to_the_death_is_preemption():
               ev(30, "preemption_notice", 0, step=20),
               ev(31, "preemption_checkpoint", 0, step=20),
               ev(31, "checkpoint_committed", 0, step=20, seconds=1.0, blocked_s=1.0),
-              ev(33, "worker_died", 0, cause="preempted"), ev(34, "restart", 0),
+              ev(33, "worker_died", 0, failure="preemption"), ev(34, "restart", 0),
               ev(38, "attempt_started", 1, group_start_time=T0 + 35,
                setup_start_time=T0 + 37), ev(38.5, "restored", 1, step=20),
               steps(39, 1, 21, 21, first_time=39, sum_s=0.0, intervals=0),
@@ -145,7 +145,7 @@ def test_preemption_notice_to_the_death_is_preemption():
 def test_0_1_era_log_degrades_gracefully():
     events = [ev(0, "start"), ev(1, "attempt_started", 0),
               ev(10, "checkpoint_committed", 0, step=9, seconds=2.0),
-              ev(20, "worker_died", 0, rank=0, cause="died"), ev(21, "restart", 0),
+              ev(20, "worker_died", 0, rank=0, failure="kill"), ev(21, "restart", 0),
               ev(25, "attempt_started", 1), ev(26, "restored", 1, step=5),
               ev(40, "finished")]
     g = goodput(events)
@@ -164,7 +164,7 @@ def test_0_1_era_log_degrades_gracefully():
 def test_failed_run_tail_is_other():
     events = [ev(0, "start"), ev(1, "attempt_started", 0),
               steps(2, 0, 0, 0, first_time=2, sum_s=0.0, intervals=0),
-              ev(20, "worker_died", 0, cause="error"), ev(20.5, "not_retried", 0),
+              ev(20, "worker_died", 0, failure="error"), ev(20.5, "not_retried", 0),
               ev(24, "failed")]
     g = goodput(events)
     assert_partition(g)
@@ -175,7 +175,7 @@ def test_failed_run_tail_is_other():
 
 def test_an_attempt_that_never_stepped_is_all_restart():
     events = kill_with_restore()[:9] + [
-        ev(36, "worker_died", 1, cause="error"), ev(37, "restart", 1),
+        ev(36, "worker_died", 1, failure="error"), ev(37, "restart", 1),
         ev(40, "attempt_started", 2, group_start_time=T0 + 38,
                setup_start_time=T0 + 39), ev(41, "restored", 2, step=19),
         steps(42, 2, 20, 20, first_time=42, sum_s=0.0, intervals=0), ev(50, "finished")]

@@ -92,16 +92,11 @@ def test_this_machine_is_discovered() -> None:
     assert set(os.sched_getaffinity(0)) <= set(topo.all_cpus())
 
 
-def test_names_that_moved_out_of_topology_still_import() -> None:
-    from rayguard.placement import cpulist, discovery, model, schema, topology
+def test_topology_reexports_its_records_and_nothing_moved() -> None:
+    from rayguard.placement import model, schema, topology
 
     assert topology.Topology is model.Topology and topology.GpuInfo is model.GpuInfo
     assert topology.TopologyError is schema.TopologyError
     assert topology.topology_from_dict is schema.topology_from_dict
-    for name, module in (("parse_cpulist", cpulist), ("format_cpulist", cpulist),
-                         ("normalize_bus_id", model), ("discover_gpus_sysfs", discovery),
-                         ("discover_numa_nodes", discovery), ("SYS_NODE_DIR", discovery)):
-        with pytest.warns(DeprecationWarning, match=f"{name} moved to {module.__name__}"):
-            assert getattr(topology, name) is getattr(module, name)
-    with pytest.raises(AttributeError):
-        topology.no_such_name  # noqa: B018
+    for name in ("parse_cpulist", "normalize_bus_id", "discover_gpus_sysfs", "no_such_name"):
+        assert not hasattr(topology, name)  # import it from cpulist, model or discovery
