@@ -160,6 +160,14 @@ class FatalNonFiniteMetricError(NonFiniteMetricError):
     fatal = True
 
 
+class UnmatchedReportError(HealthError):
+    """A rank waits in ``ray.train.report`` after every other rank's training function
+    returned: Ray's report meets every rank, so it would wait forever. The loop reports a
+    different number of times on different ranks; a restart would do the same."""
+
+    fatal = True
+
+
 class PreflightError(RayGuardError):
     """A preflight (doctor) check found an error at worker start-up."""
 

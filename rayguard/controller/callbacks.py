@@ -41,9 +41,10 @@ from rayguard.health.recovery import (
     RecoveryPath,
     plan_recovery_path,
 )
+from rayguard.health.report_wait import finished_ranks
 from rayguard.placement.exclude import exclude_nodes
 from rayguard.run.attempts import Attempt
-from rayguard.run.facts import cause_key
+from rayguard.run.facts import RETURNED, cause_key
 
 logger = logging.getLogger("rayguard")
 
@@ -86,6 +87,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._nodes: list[str] = []  # the node of each rank of the running group
         self._failed: set[int] = set()  # the ranks failed at the last poll
         self._world = 0  # the ranks the last poll saw
+        self._returned: list[int] | None = None  # what RETURNED holds
         self._plan: RecoveryPath | None = None  # the path of the last poll's failure
         self._live: tuple[Attempt, Any, tuple[int, int] | None] | None = None
         """The live attempt this group runs, with the last committed checkpoint when it
@@ -121,6 +123,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._nodes = []
         self._live, self._restarting = None, False
         self._failed, self._plan, self._shrink = set(), None, None
+        self._put_returned([])
         if self.fence is None:
             return
         excluded = self.fence(fresh=True)
@@ -128,6 +131,12 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         if excluded:
             set_group_label_selector(worker_group_context,
                                      exclude_nodes(selectors, excluded, num_workers))
+
+    def _put_returned(self, ranks: list[int]) -> None:
+        """Ranks whose training function returned (:mod:`rayguard.health.report_wait`)."""
+        if ranks != self._returned:
+            self._returned = ranks
+            self.coordinator.put.remote(RETURNED, ranks)
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         """Runs in the controller once the group's workers exist: each rank's node."""
@@ -143,6 +152,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         counted: list[NodeFailure] = []
         statuses = getattr(worker_group_status, "worker_statuses", None) or {}
         self._world = len(statuses)
+        self._put_returned(finished_ranks(statuses))
         for rank, status in statuses.items():  # a replaced rank that runs may fail again
             if getattr(status, "error", None) is None:
                 self._reported.discard((self._attempt, rank))
@@ -246,7 +256,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         lost = self._lost_nodes() if mode == LIVE and partial and not failed_live else []
         plan = plan_recovery_path(self._failed, self._world, mode=mode, attempt=self._attempt,
                                   live_attempt=live_attempt, lost_nodes=lost,
-                                  elastic=self.resizer is not None)
+                                  elastic=self.resizer is not None, returned=self._returned or ())
         if not plan.alone and partial and mode != RESTART and plan.kind != RESIZE:
                 fail_every_worker(worker_group_status, PeersLostError(plan.reason))
         return plan

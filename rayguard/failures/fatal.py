@@ -25,6 +25,7 @@ subclasses)                                      unsupported Ray, a bad ``RAYGUA
 ``UnsealableCheckpointError``      checkpoint    a reported directory holds a link or a FIFO
 ``ShardedStateError``              checkpoint    ``state=``/``sharded=`` misused
 ``FatalNonFiniteMetricError``      nan           NaN/inf with ``nan_policy="fail"``
+``UnmatchedReportError``           hang          a rank reports after all others returned
 =================================  ============  ==============================================
 
 Every rayguard exception a restart cannot fix is defined in :mod:`rayguard.exceptions` and
@@ -43,6 +44,7 @@ from rayguard.exceptions import (
     SerializationError,
     ShardedStateError,
     StateNotCheckpointableError,
+    UnmatchedReportError,
     UnsealableCheckpointError,
     WorkerSetupError,
 )
@@ -60,6 +62,7 @@ FATAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
     (ShardedStateError, "checkpoint"),
     (UnsealableCheckpointError, "checkpoint"),
     (FatalNonFiniteMetricError, "nan"),
+    (UnmatchedReportError, "hang"),
 )
 """``(exception type, cause)`` of every rayguard exception a restart cannot fix."""
 

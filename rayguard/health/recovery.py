@@ -115,7 +115,7 @@ def recovery_mode(*, replica_groups: bool, live: bool) -> RecoveryKind:
 def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: str,
                        attempt: int | None = None, live_attempt: LiveAttempt | None = None,
                        lost_nodes: Sequence[str] = (), in_place: bool = False,
-                       elastic: bool = False) -> RecoveryPath:
+                       elastic: bool = False, returned: Collection[int] = ()) -> RecoveryPath:
     """The path of the recovery from the failure of ``failed_ranks`` of ``world_size`` in
     ``attempt``.
 
@@ -125,7 +125,9 @@ def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: 
     in-place rollback opened it). ``lost_nodes``: the nodes of failed ranks that are gone.
     ``in_place``: the failure is a NaN/inf (or divergence) every rank agreed at a report
     (no worker failed; only live recovery defers one so). ``elastic``: the run's size may
-    change (``ScalingConfig(num_workers=(min, max))``). The first row that applies decides:
+    change (``ScalingConfig(num_workers=(min, max))``). ``returned``: the ranks whose training
+    function already returned (they cannot rejoin a replaced rank). The first row that
+    applies decides:
 
     ==  ==================================================  =============  ==============
     #   when                                                path           ``fallback``
@@ -137,6 +139,7 @@ def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: 
         has not settled (no commit since it opened),                       survivors or
         whichever of its ranks failed                                      replacements)
     5   every rank failed                                   restart        live: why
+    5b  live; a rank's training function returned           restart        which ones
     6   live, elastic; a failed rank's node is lost         resize         --
     7   live; a failed rank's node is lost (Ray's one-      restart        the lost nodes
         rank replacement would wait for its bundle)
@@ -168,6 +171,11 @@ def plan_recovery_path(failed_ranks: Collection[int], world_size: int, *, mode: 
     if len(failed) >= world_size:
         why = f"every rank failed ({world_size}): there is no survivor to keep"
         return path(RESTART, every, why, fallback=why if live else None)
+    if live and returned:
+        why = (f"live recovery falls back to a restart of the whole group: rank(s) "
+               f"{sorted(returned)} already returned from the training function and cannot "
+               f"rejoin a replacement of rank(s) {list(failed)}")
+        return path(RESTART, every, why, fallback=why)
     if live and lost_nodes and elastic:
         return path(RESIZE, failed, f"node(s) {', '.join(n[:12] for n in lost_nodes)} of "
                     f"rank(s) {list(failed)} lost: the elastic policy chooses the new size; "

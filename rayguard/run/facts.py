@@ -23,6 +23,11 @@ class RankFact(NamedTuple):
     rank: int
 
 
+RETURNED = "returned"
+"""The ranks of the running worker group whose training function returned (the controller
+puts it; :mod:`rayguard.health.report_wait` reads it)."""
+
+
 def cause_key(attempt: int, rank: int) -> str:
     return f"{CAUSE}:{attempt}:{rank}"
 

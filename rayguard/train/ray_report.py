@@ -52,7 +52,8 @@ from rayguard._ray.report import (
     install_train_fn_utils,
     untagged,
 )
-from rayguard.run.facts import loaded_key
+from rayguard.health.report_wait import ReportWait
+from rayguard.run.facts import RETURNED, loaded_key
 from rayguard.run.link import RunLink
 from rayguard.train.collective import Collective
 from rayguard.train.forwarder import Forwarder
@@ -169,7 +170,10 @@ class RayReportBridge:
         future = self.forwarder.submit(
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
             delete_local_checkpoint_after_upload, prepared.upload, validation)
-        self.forwarder.wait(future, link.progress)
+        ctx = link.ctx
+        self.forwarder.wait(future, ReportWait(
+            link.progress, lambda: link.get(RETURNED), rank=ctx.rank,
+            world_size=link.peers, report=self.count))
         if checkpoint is not None:  # Ray's get_checkpoint() has it now: this process sealed
             self._offered, self._reporting = _UNSET, True  # it, so it is answered as Ray's
         if prepared.persisted_at_report:

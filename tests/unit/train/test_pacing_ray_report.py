@@ -5,6 +5,7 @@ does."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -92,6 +93,9 @@ class _Observer:
 
 
 class _Link:
+    ctx = SimpleNamespace(rank=0, world_size=1)
+    peers = 1
+
     def contribute(self, tag: str, value: Any) -> None:
         pass
 

@@ -97,6 +97,10 @@ class _Link:
     def __init__(self, coordinator: _Coordinator, rank: int) -> None:
         self.c = coordinator
         self.ctx = SimpleNamespace(rank=rank, attempt=1, world_size=2)
+        self.peers = 2
+
+    def get(self, key: str) -> Any:
+        return self.c.facts.get(key)
 
     def claim(self, key: str) -> bool:
         first = key not in self.c.claims
