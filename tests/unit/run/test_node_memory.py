@@ -266,7 +266,7 @@ def test_an_agent_that_dies_midway_sends_the_rest_straight(fake_ray):
 
 
 def test_a_look_up_the_agent_does_not_answer_is_asked_straight(fake_ray):
-    run = Run(nodes=2, per_node=4, memory_s=0.5, late=("memory_lookup",))
+    run = Run(nodes=2, per_node=4, memory_s=1.0, late=("memory_lookup",))
     for agg in run.aggs:
         agg.lookups.flush_s = 0.01
     try:
@@ -322,7 +322,7 @@ def test_without_agents_or_with_a_dead_one_each_rank_copies_straight(fake_ray):
 
 
 def test_a_peer_copy_the_agent_does_not_answer_is_asked_straight(fake_ray):
-    run = Run(nodes=2, per_node=4, memory_s=0.4, late=("memory_copy_to_peer",))
+    run = Run(nodes=2, per_node=4, memory_s=1.0, late=("memory_copy_to_peer",))
     for agg in run.aggs:
         agg.peer_copies.flush_s = 0.01
     try:
