@@ -22,12 +22,13 @@ per node (:class:`NodeAggregator`):
   message (:mod:`rayguard.run.outbox`); a rank sends one straight when its agent did not
   take it;
 * **reads and claims**: a fact as it is now, read once per node for the keys its ranks ask
-  within a few milliseconds; a claim asked once per node (:mod:`rayguard.run.node_asks`).
+  within a few milliseconds; a claim asked once per node; the memory tier's look-ups and
+  peer copies, one call per node for a checkpoint's (:mod:`rayguard.run.node_asks`).
 
 What the coordinator receives then grows with nodes, not ranks. What stays per rank,
 straight to the coordinator, is what one rank does alone: rank 0's attempt, progress,
 rejections and highest step, the hang diagnosis' opening and decision, and the memory
-tier's calls other than its offers (:mod:`rayguard.run.memory_link`).
+tier's commit (:mod:`rayguard.run.memory_link`).
 
 The agent is an actor created by the coordinator (which owns it, so it lives as long as
 the run, not as any worker), pinned to its node, named so that a rank finds it through
@@ -48,7 +49,7 @@ from typing import Any
 from rayguard.exceptions import RayGuardError
 from rayguard.observe.steps import merge_summaries
 from rayguard.run.gather_relay import GroupGather, RelayedGathers
-from rayguard.run.node_asks import NodeClaims, NodeReads
+from rayguard.run.node_asks import MEMORY_FLUSH_S, NodeAsks, NodeClaims, NodeReads
 from rayguard.run.outbox import Outbox
 from rayguard.run.relay import RelayingUpstream, RelaySender, SummaryRelay
 from rayguard.run.upstream import RayUpstream, Upstream
@@ -106,11 +107,17 @@ class NodeAggregator:
         self.outbox = Outbox(lambda batch: self.upstream.deliver(batch))
         self.reads = NodeReads(lambda keys: self.upstream.get_many(keys))
         self.claims = NodeClaims(lambda key: self.upstream.claim(key))
+        self.lookups = NodeAsks(lambda path, ranks: self.upstream.memory_lookup_many(path, ranks),
+                               flush_s=MEMORY_FLUSH_S)
+        self.peer_copies = NodeAsks(lambda job, ranks: self.upstream.memory_copy_to_peer_many(
+            job[0], ranks, *job[1:]), flush_s=MEMORY_FLUSH_S)
 
     @property
     def calls(self) -> int:
-        """Every call made to the coordinator (:attr:`sent`, messages, reads, claims)."""
-        return self.sent + self.outbox.sent + self.reads.sent + self.claims.sent
+        """Every call made to the coordinator (:attr:`sent`, messages, reads, claims, the
+        memory tier's look-ups and peer copies)."""
+        return (self.sent + self.outbox.sent + self.reads.sent + self.claims.sent
+                + self.lookups.sent + self.peer_copies.sent)
 
     # -- gathers ---------------------------------------------------------------------------
     async def gather(self, tag: str, rank: int, world_size: int, value: Any,
@@ -185,6 +192,15 @@ class NodeAggregator:
     async def claim(self, key: str) -> bool:
         """Whether the asking rank is the run's first to claim ``key`` (once per node)."""
         return await self.claims.claim(key)
+
+    async def memory_lookup(self, path: str, rank: int) -> Any:
+        """The coordinator's ``memory_lookup``, asked with the node's other ranks'."""
+        return await self.lookups.ask(path, rank)
+
+    async def memory_copy_to_peer(self, path: str, rank: int, world_size: int,
+                                  wait_s: float, timeout_s: float) -> str | None:
+        """The coordinator's ``memory_copy_to_peer``, asked with the node's other ranks'."""
+        return await self.peer_copies.ask((path, world_size, wait_s, timeout_s), rank)
 
     # -- hang-diagnosis answers -------------------------------------------------------------
     async def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any],
@@ -309,6 +325,13 @@ class NodeAgent:
 
     async def claim(self, key: str) -> bool:
         return await self._agg.claim(key)
+
+    async def memory_lookup(self, path: str, rank: int) -> Any:
+        return await self._agg.memory_lookup(path, rank)
+
+    async def memory_copy_to_peer(self, path: str, rank: int, world_size: int, wait_s: float,
+                                  timeout_s: float) -> str | None:
+        return await self._agg.memory_copy_to_peer(path, rank, world_size, wait_s, timeout_s)
 
     async def sent(self) -> int:
         return self._agg.calls

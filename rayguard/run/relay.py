@@ -104,7 +104,7 @@ class RelayingUpstream:
     """An upstream (``inner``) whose step summaries take another way (``summaries``), and its
     gathers too when ``gathers`` is given (:class:`~rayguard.run.gather_relay.RelayedGathers`:
     through the group's relay, falling back to ``inner``); facts, the diagnosis' answers,
-    messages, reads and claims go straight to ``inner``."""
+    messages, reads, claims and the memory tier's go straight to ``inner``."""
 
     def __init__(self, inner: Any, summaries: Callable[[Batch], None],
                  gathers: Any = None) -> None:
@@ -129,6 +129,12 @@ class RelayingUpstream:
 
     def claim(self, key: str) -> Any:
         return self.inner.claim(key)
+
+    def memory_lookup_many(self, *args: Any) -> Any:
+        return self.inner.memory_lookup_many(*args)
+
+    def memory_copy_to_peer_many(self, *args: Any) -> Any:
+        return self.inner.memory_copy_to_peer_many(*args)
 
 
 __all__ = ["RELAY_NODES", "RelaySender", "RelayingUpstream", "SummaryRelay", "relay_of"]

@@ -12,8 +12,9 @@ from rayguard.run.waits import ErrorsOnly
 
 
 class Upstream(Protocol):
-    """What an aggregator asks of the run's coordinator (``deliver``, ``get_many`` and
-    ``claim``: only once a rank sends a message, reads a fact or claims through the agent)."""
+    """What an aggregator asks of the run's coordinator (``deliver``, ``get_many``,
+    ``claim`` and the memory tier's: only once a rank sends a message, reads a fact, claims
+    or asks the memory tier through the agent)."""
 
     def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
                     timeout_s: float, keep: bool, root: int | None
@@ -31,6 +32,11 @@ class Upstream(Protocol):
     def get_many(self, keys: list[str]) -> Awaitable[list[Any]]: ...
 
     def claim(self, key: str) -> Awaitable[bool]: ...
+
+    def memory_lookup_many(self, path: str, ranks: list[int]) -> Awaitable[list[Any]]: ...
+
+    def memory_copy_to_peer_many(self, path: str, ranks: list[int], world_size: int,
+                                 wait_s: float, timeout_s: float) -> Awaitable[list[Any]]: ...
 
 
 class RayUpstream:
@@ -79,6 +85,14 @@ class RayUpstream:
 
     async def claim(self, key: str) -> bool:
         return bool(await self.actor.claim.remote(key))
+
+    async def memory_lookup_many(self, path: str, ranks: list[int]) -> list[Any]:
+        return list(await self.actor.memory_lookup_many.remote(path, ranks))
+
+    async def memory_copy_to_peer_many(self, path: str, ranks: list[int], world_size: int,
+                                       wait_s: float, timeout_s: float) -> list[Any]:
+        return list(await self.actor.memory_copy_to_peer_many.remote(
+            path, ranks, world_size, wait_s, timeout_s))
 
 
 __all__ = ["RayUpstream", "Upstream"]

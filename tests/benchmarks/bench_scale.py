@@ -25,6 +25,11 @@ One JSON line per N, with exactly these keys:
 * (on stderr, not in the JSON) every rank records one event, waited for: each straight to
   the coordinator (as without node agents), then through its node's outbox
   (rayguard.run.outbox): the span, the coordinator's calls and its CPU seconds, each way;
+* (on stderr, with ``--memory``) every rank looks up its memory copy at once, as at a
+  restore (rayguard.run.memory_host: the copies on the one real node, no peer, so no
+  keeper ping): straight with Ray's node table asked per call (the coordinator before it
+  kept the answer ``ALIVE_FRESH_S``), straight, then through its node's aggregator
+  (``memory_lookup_many``): the span, the coordinator's calls and its CPU seconds, each way;
 * ``coordinator_cpu_frac``: CPU seconds per second of the coordinator's process while every
   rank sends a step summary at 1 Hz (through its node's aggregator) and keeps a long poll of
   the diagnosis fact, for ``--window-s`` (30) seconds; ``calls_per_s``: the calls the
@@ -239,6 +244,33 @@ class Host:
                  else sum(a.outbox.sent for a in self.aggs.values()) - sent0)
         return start, time.time(), calls
 
+    async def offer(self, path: str, node: str) -> None:
+        """Every rank's memory copy of ``path`` offered (one ``deliver`` per node: the
+        offers' own cost is not measured here), kept as on ``node``, the one real node."""
+        from rayguard.run.outbox import OFFER, message_id
+
+        await asyncio.gather(*(self._agg(r // RANKS_PER_NODE).deliver(
+            OFFER, message_id(), (path, 1, r, node, {"w": f"d{r}"}, [r])) for r in self.ranks()))
+
+    async def lookups(self, path: str, straight: bool) -> tuple[float, float, int]:
+        """Every rank looks up its memory copy of ``path`` at once (a restore): ``straight``,
+        each of the coordinator (as without agents), else through its node's aggregator
+        (``memory_lookup_many``). Returns the span and the coordinator calls."""
+        start = time.time()
+        sent0 = sum(a.lookups.sent for a in self.aggs.values())
+
+        async def rank(r: int) -> None:
+            if straight:
+                found = await self.coordinator.memory_lookup.remote(path, r)
+            else:
+                found = await self._agg(r // RANKS_PER_NODE).memory_lookup(path, r)
+            assert found is not None and found[1] == {"w": f"d{r}"}, f"rank {r}: {found!r:.80}"
+
+        await asyncio.gather(*(rank(r) for r in self.ranks()))
+        calls = (len(self.ranks()) if straight
+                 else sum(a.lookups.sent for a in self.aggs.values()) - sent0)
+        return start, time.time(), calls
+
     async def report_for(self, seconds: float) -> int:
         """Every rank: a step summary a second through its aggregator; rank 0 also its
         progress to the coordinator; every node keeps the diagnosis fact's long poll."""
@@ -318,8 +350,43 @@ def _span(spans: list[tuple[float, float]]) -> float:
     return round(max(e for _, e in spans) - min(s for s, _ in spans), 3)
 
 
-def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = None
-            ) -> dict[str, Any]:
+def _uncached(self: Any, on: bool) -> None:
+    """``on``: the coordinator asks Ray's node table at every memory-tier call, as it did
+    before it kept the answer (``memory_host.ALIVE_FRESH_S``); else as it does now."""
+    import rayguard.run.memory_host as memory_host
+
+    async def per_call() -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, memory_host._alive_nodes)
+
+    if on:
+        self._alive = per_call
+    else:
+        self.__dict__.pop("_alive", None)
+
+
+def _lookups(coordinator: Any, hosts: list[Any], proc: Any) -> dict[str, Any]:
+    """Every rank's restore look-up three ways: straight with Ray's node table asked per
+    call (as before it was kept), straight, and per node; span, calls, coordinator CPU."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()  # every simulated rank's copy: alive
+    ray.get([h.offer.remote("mem", node) for h in hosts])
+    ray.get(coordinator.memory_commit.remote("mem", 1))
+    out: dict[str, Any] = {}
+    for name, straight in (("straight_uncached", True), ("straight", True),
+                           ("per_node", False)):
+        ray.get(coordinator.__ray_call__.remote(_uncached, name == "straight_uncached"))
+        cpu0 = sum(proc.cpu_times()[:2])
+        done = ray.get([h.lookups.remote("mem", straight) for h in hosts])
+        out[name] = {"s": _span([(a, b) for a, b, _ in done]),
+                     "coordinator_calls": sum(c for _, _, c in done),
+                     "coordinator_cpu_s": round(sum(proc.cpu_times()[:2]) - cpu0, 2)}
+    ray.get(coordinator.__ray_call__.remote(_uncached, False))
+    return out
+
+
+def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = None,
+            memory: bool = False) -> dict[str, Any]:
     import psutil
     import ray
 
@@ -401,6 +468,9 @@ def run_one(ranks: int, hosts_n: int, window_s: float, profile: str | None = Non
                         "coordinator_cpu_s": round(sum(proc.cpu_times()[:2]) - cpu0, 2)}
     print(f"# {ranks} ranks: every rank records one event (waited): {json.dumps(events)}",
           file=sys.stderr, flush=True)
+    if memory:
+        print(f"# {ranks} ranks: every rank looks up its memory copy (a restore): "
+              f"{json.dumps(_lookups(coordinator, hosts, proc))}", file=sys.stderr, flush=True)
     start("steady")
     sent0 = sum(ray.get([h.sent.remote() for h in hosts]))
     host_cpu0 = sum(ray.get([h.cpu.remote() for h in hosts]))
@@ -436,6 +506,9 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4, help="host processes of the ranks")
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--json", action="store_true", help="JSON lines only on stdout")
+    parser.add_argument("--memory", action="store_true",
+                        help="also every rank's restore look-up, straight and per node "
+                             "(printed on stderr)")
     parser.add_argument("--profile", metavar="DIR",
                         help="cProfile the coordinator's event loop in each phase into DIR")
     args = parser.parse_args()
@@ -445,7 +518,7 @@ def main() -> None:
              configure_logging=False)
     rows = []
     for n in [int(x) for x in args.ranks.split(",")]:
-        row = run_one(n, args.hosts, args.window_s, args.profile)
+        row = run_one(n, args.hosts, args.window_s, args.profile, args.memory)
         rows.append(row)
         print(json.dumps(row) if args.json else
               "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)

@@ -152,7 +152,9 @@ def test_a_nodes_ranks_events_reads_and_claims_go_through_its_agent(coordinator,
 def test_a_memory_offer_through_a_real_agent_keeps_its_object_reference(coordinator):
     """A rank's offer of its in-memory copy goes through its node's agent (one message per
     node) and the coordinator serves the same object: the reference nested in the message
-    is passed on, not resolved, and outlives the agent's call."""
+    is passed on, not resolved, and outlives the agent's call. The ranks' restore look-ups
+    through the agent (one ``memory_lookup_many`` for the node) answer each rank its own
+    copy, its reference still fetchable after passing through the agent."""
     from types import SimpleNamespace
 
     import ray
@@ -171,6 +173,14 @@ def test_a_memory_offer_through_a_real_agent_keeps_its_object_reference(coordina
     assert ray.get(agent.sent.remote()) >= 1
     for r in range(2):
         copies, digests = ray.get(coordinator.memory_lookup.remote("ckpt_1", r), timeout=60)
+        (which, held_on, (ref,)), = copies
+        assert (which, held_on, digests) == ("own", node, {"model.pt": f"digest-{r}"})
+        assert ray.get(ref, timeout=30) == {"rank": r, "weights": list(range(1000))}
+    sent = ray.get(agent.sent.remote())
+    with ThreadPoolExecutor(2) as pool:  # the ranks ask at once, as separate processes do
+        found = list(pool.map(lambda link: link.memory_lookup("ckpt_1", link.ctx.rank), links))
+    assert ray.get(agent.sent.remote()) - sent in (1, 2)  # a batch, unless they came 20 ms apart
+    for r, (copies, digests) in enumerate(found):
         (which, held_on, (ref,)), = copies
         assert (which, held_on, digests) == ("own", node, {"model.pt": f"digest-{r}"})
         assert ray.get(ref, timeout=30) == {"rank": r, "weights": list(range(1000))}
