@@ -25,6 +25,7 @@ restarts the group (a peer that dies closes its gloo connections, so the wait en
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -102,15 +103,19 @@ class CollectiveAgreement:
     while peers are awaited (a wait is not a stall); ``lost``, asked as often, names a peer
     the run says is gone (live recovery's notice): the wait then ends with
     :class:`~rayguard.exceptions.PeersLostError` (gloo cannot abort the collective, and a
-    rank that was not the lost one's neighbour may never see a connection close)."""
+    rank that was not the lost one's neighbour may never see a connection close); ``stuck``
+    (seconds waited, where) raises once every other rank's training function returned
+    (:class:`~rayguard.health.report_wait.ReturnedCheck`)."""
 
     def __init__(self, group: Any, heartbeat: Callable[[], None], poll_s: float = 1.0,
-                 lost: Callable[[], str | None] | None = None) -> None:
+                 lost: Callable[[], str | None] | None = None,
+                 stuck: Callable[[float, str], None] | None = None) -> None:
         import torch
 
         self._group = group
         self._heartbeat = heartbeat
         self._lost = lost
+        self._stuck = stuck
         self._poll = datetime.timedelta(seconds=poll_s)
         self._buffer = torch.zeros(len(Flags._fields), dtype=torch.int32)
         self.calls = 0
@@ -131,6 +136,7 @@ class CollectiveAgreement:
         self.calls += 1
         work = dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group,
                                async_op=True)
+        started = time.monotonic()
         while True:
             try:
                 work.wait(timeout=self._poll)
@@ -139,6 +145,8 @@ class CollectiveAgreement:
                 if "timed out" not in str(exc).lower():
                     raise
                 self._heartbeat()
+                if self._stuck is not None:  # every other rank returned: raises
+                    self._stuck(time.monotonic() - started, "the ranks' agreement at a report")
                 reason = self._lost() if self._lost is not None else None
                 if reason:
                     from rayguard.exceptions import PeersLostError
@@ -160,9 +168,10 @@ def gloo_group_for_flags() -> Any:
 
 def make_agreement(world_size: int, gather: Callable[[str, Any], list[Any]],
                    heartbeat: Callable[[], None],
-                   lost: Callable[[], str | None] | None = None) -> Agreement:
-    """The cheapest agreement this worker can run (see the module docstring); ``lost``: see
-    :class:`CollectiveAgreement`."""
+                   lost: Callable[[], str | None] | None = None,
+                   stuck: Callable[[float, str], None] | None = None) -> Agreement:
+    """The cheapest agreement this worker can run (see the module docstring); ``lost``,
+    ``stuck``: see :class:`CollectiveAgreement`."""
     if world_size == 1:
         return LocalAgreement()
     try:
@@ -171,4 +180,4 @@ def make_agreement(world_size: int, gather: Callable[[str, Any], list[Any]],
         return GatherAgreement(gather)
     if not (dist.is_available() and dist.is_initialized()):
         return GatherAgreement(gather)
-    return CollectiveAgreement(gloo_group_for_flags(), heartbeat, lost=lost)
+    return CollectiveAgreement(gloo_group_for_flags(), heartbeat, lost=lost, stuck=stuck)

@@ -52,8 +52,8 @@ from rayguard._ray.report import (
     install_train_fn_utils,
     untagged,
 )
-from rayguard.health.report_wait import ReportWait
-from rayguard.run.facts import RETURNED, loaded_key
+from rayguard.health.report_wait import ReportWait, returned_check
+from rayguard.run.facts import loaded_key
 from rayguard.run.link import RunLink
 from rayguard.train.collective import Collective
 from rayguard.train.forwarder import Forwarder
@@ -140,6 +140,7 @@ class RayReportBridge:
         self.unit: str | None = None
         """The unit of the last report's step (:func:`report_unit`)."""
         self.sealer = ReportSealer(link, self._persisted)
+        self.returned = returned_check(link)  # a report no other rank will join
         self._chosen: Any = _UNSET
         self.sealed_step: int | None = None
         """The step sealed in the checkpoint ``get_checkpoint()`` offers (``None``: none
@@ -170,10 +171,7 @@ class RayReportBridge:
         future = self.forwarder.submit(
             self.inner.report, metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
             delete_local_checkpoint_after_upload, prepared.upload, validation)
-        ctx = link.ctx
-        self.forwarder.wait(future, ReportWait(
-            link.progress, lambda: link.get(RETURNED), rank=ctx.rank,
-            world_size=link.peers, report=self.count))
+        self.forwarder.wait(future, ReportWait(link.progress, self.returned, self.count))
         if checkpoint is not None:  # Ray's get_checkpoint() has it now: this process sealed
             self._offered, self._reporting = _UNSET, True  # it, so it is answered as Ray's
         if prepared.persisted_at_report:

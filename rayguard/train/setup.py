@@ -25,6 +25,7 @@ from rayguard.faults.injector import announcer
 from rayguard.faults.spec import faults_from
 from rayguard.health.hang import HangProbe, install_counting_hook
 from rayguard.health.live import LAST_COMMITTED_KEY
+from rayguard.health.report_wait import returned_check
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
 from rayguard.health.watchdog import Watchdog
 from rayguard.run.link import RunLink, make_link
@@ -44,12 +45,7 @@ from rayguard.train.pinning import bind_numa, pin_cuda
 from rayguard.train.preemption import PreemptionWatch, set_active, watch_preemption
 from rayguard.train.rollback import RollBack, re_enter
 from rayguard.train.seeding import rank_seed, seed_everything
-from rayguard.train.session import (
-    LateSession,
-    WorkerSession,
-    current_session,
-    set_current_session,
-)
+from rayguard.train.session import LateSession, WorkerSession, current_session, set_current_session
 from rayguard.train.store import CheckpointStore, LocalStore, store_for
 
 logger = logging.getLogger("rayguard")
@@ -385,7 +381,8 @@ class GuardedTrainFn:
         from rayguard.train.live import peer_lost
 
         lost = peer_lost(link) if self.live and link.peers > 1 else None
-        agreement = make_agreement(link.peers, link.gather, watchdog.heartbeat, lost)
+        agreement = make_agreement(link.peers, link.gather, watchdog.heartbeat, lost,
+                                   returned_check(link))
         forwarder = Forwarder()
         preemption = watch_preemption(link, agreement, stop=watchdog.stop,
                                       flush=lambda timeout_s: forwarder.flush(timeout_s=timeout_s))

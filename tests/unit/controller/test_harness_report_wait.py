@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import rayguard
 from rayguard.controller.failure_policy import STOP_REASON_KEY
-from rayguard.health.report_wait import CHECK_AFTER_S, ReportWait
+from rayguard.health.report_wait import CHECK_AFTER_S, ReportWait, ReturnedCheck
 from rayguard.run.facts import RETURNED
 
 
@@ -25,8 +25,9 @@ def one_more_report_on_rank_0(w):
     if w.rank != 0:
         return w.finish()
     if not hasattr(w, "waiting"):
-        w.waiting = ReportWait(w.heartbeat, lambda: w.link.get(RETURNED), rank=w.rank,
-                               world_size=w.world_size, report=3, clock=w.clock)
+        check = ReturnedCheck(lambda: w.link.get(RETURNED), rank=w.rank,
+                              world_size=w.world_size, clock=w.clock)
+        w.waiting = ReportWait(w.heartbeat, check, report=3)
     w.waiting()
 
 

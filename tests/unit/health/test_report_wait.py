@@ -11,7 +11,13 @@ import pytest
 
 from rayguard.exceptions import UnmatchedReportError
 from rayguard.failures import classify
-from rayguard.health.report_wait import CHECK_AFTER_S, CHECK_EVERY_S, ReportWait, finished_ranks
+from rayguard.health.report_wait import (
+    CHECK_AFTER_S,
+    CHECK_EVERY_S,
+    ReportWait,
+    ReturnedCheck,
+    finished_ranks,
+)
 
 
 class Clock:
@@ -29,8 +35,8 @@ def waiting(returned, *, rank=0, world_size=2):
         reads.append(clock.now)
         return returned() if callable(returned) else returned
 
-    wait = ReportWait(lambda: beats.append(1), read, rank=rank, world_size=world_size,
-                      report=3, clock=clock)
+    check = ReturnedCheck(read, rank=rank, world_size=world_size, clock=clock)
+    wait = ReportWait(lambda: beats.append(1), check, report=3)
     return wait, clock, reads, beats
 
 
