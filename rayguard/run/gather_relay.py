@@ -160,7 +160,8 @@ class Direct(Protocol):
                     timeout_s: float, keep: bool, root: int | None,
                     batch: str | None = None) -> Awaitable[list[Any] | None]: ...
 
-    def resolve(self, answer: Any) -> Awaitable[list[Any] | None]: ...
+    def resolve(self, answer: Any, again: Callable[[], Awaitable[Any]] | None = None
+                ) -> Awaitable[list[Any] | None]: ...
 
 
 class RelayedGathers:
@@ -198,7 +199,8 @@ class RelayedGathers:
                 self._lost(exc)
             else:
                 self.relayed += 1
-                return await self.direct.resolve(answer)
+                return await self.direct.resolve(answer, lambda: self.direct.gather_many(
+                    tag, world_size, values, timeout_s, keep, root, batch))
         return await self.direct.gather_many(tag, world_size, values, timeout_s, keep, root,
                                              batch)
 

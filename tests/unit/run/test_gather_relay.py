@@ -38,7 +38,7 @@ class Direct:
         return await self.c.gather_many(tag, world_size, values, timeout_s, keep, root=root,
                                         batch=batch)
 
-    async def resolve(self, answer):
+    async def resolve(self, answer, again=None):
         return answer
 
     async def gather_group(self, tag, world_size, batches, timeout_s, keep, full, errors):
