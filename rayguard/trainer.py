@@ -260,15 +260,15 @@ class RobustTrainer(GuardHooksTrainer):
             result = super().fit()
         except TrainingFailedError as exc:
             error, cause = self._final_error(exc)
-            ray.get(coordinator.record.remote(make_event(
+            ray.get(coordinator.end.remote(make_event(
                 "failed", f"run failed: {one_line(error)}", details=str(error)[:20000])))
             raise error from cause
         except BaseException as exc:
-            ray.get(coordinator.record.remote(make_event(
+            ray.get(coordinator.end.remote(make_event(
                 "failed", f"run failed: {one_line(exc)}", details=str(exc)[:20000])))
             raise
         else:
-            ray.get(coordinator.record.remote(make_event("finished", "run finished")))
+            ray.get(coordinator.end.remote(make_event("finished", "run finished")))
             return result
         finally:
             if printer is not None:

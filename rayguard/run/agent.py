@@ -226,16 +226,18 @@ class NodeAggregator:
             self._summary_timer = asyncio.get_running_loop().call_later(
                 self.summary_every_s, self.flush_summaries)
 
-    def flush_summaries(self) -> None:
+    def flush_summaries(self, send: Callable[[list[dict[str, Any]]], Any] | None = None) -> Any:
+        """Send the summaries held (``send``: instead of the upstream); what it returned."""
         self._summary_timer = None
         batch, self._summaries = self._summaries, []
         self._summary_of = {}
         if batch:
             self.sent += 1
             try:
-                self.upstream.summaries(batch)
+                return (send or self.upstream.summaries)(batch)
             except Exception as exc:  # observing must never break the loop
                 logger.debug("rayguard: node %s: step summaries not sent: %s", self.node, exc)
+        return None
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -312,6 +314,14 @@ class NodeAgent:
 
     async def summary(self, summary: dict[str, Any]) -> None:
         self._agg.summary(summary)
+
+    async def flush(self) -> None:
+        """The run ends: the summaries held here go now, straight (a relay's: its group's)."""
+        agg, lead = self._aggregator, self._lead
+        for ref in (agg and agg.flush_summaries(self._coordinator.step_summaries.remote),
+                    lead and lead.flush()):
+            if ref is not None:
+                await ref
 
     async def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any],
                                local: int = 0) -> None:

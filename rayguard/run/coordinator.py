@@ -14,6 +14,7 @@ the world size, O(1) work per arrival.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -335,6 +336,18 @@ class RunCoordinator(GatherHost, MemoryHost):
                                                      context.get_actor_id(), node, pin=pin,
                                                      relay=relay)
         return agent
+
+    async def end(self, event: dict[str, Any], timeout_s: float = 10.0) -> None:
+        """The run's last event (``finished``, ``failed``), written after the step summaries
+        its node agents still hold (they batch for seconds; at most ``timeout_s``)."""
+        if self._agents:
+            flushes = asyncio.gather(*(a.flush.remote() for a in self._agents.values()),
+                                     return_exceptions=True)
+            try:
+                await asyncio.wait_for(flushes, timeout_s)
+            except asyncio.TimeoutError:  # observing never holds the run's end longer
+                pass
+        self.record(event)
 
     def step_summaries(self, batch: list[dict[str, Any]]) -> None:
         """Several ranks' summaries (a node's, sent together by its agent): the straggler

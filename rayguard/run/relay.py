@@ -57,7 +57,8 @@ class SummaryRelay:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.every_s, self.flush)
 
-    def flush(self) -> None:
+    def flush(self) -> Any:
+        """Send the batches held; what the send returned (``None``: nothing sent)."""
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None
@@ -65,9 +66,10 @@ class SummaryRelay:
         if batches:
             self.sent += 1
             try:
-                self._send(batches)
+                return self._send(batches)
             except Exception as exc:  # observing must never break the run
                 logger.debug("rayguard: relayed step summaries not sent: %s", exc)
+        return None
 
 
 class RelaySender:

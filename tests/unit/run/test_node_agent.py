@@ -212,3 +212,46 @@ def test_a_ranks_summaries_of_one_batch_reach_the_coordinator_as_one(tmp_path):
     assert [(e["rank"], e["first_step"], e["last_step"], e["reports"]) for e in steps] == [
         (0, 1, 10, 10)]
     assert steps[0]["ranks"] == [0, 1, 1] and steps[0]["ranks_last_step"] == 10
+
+
+def test_the_runs_last_event_comes_after_the_summaries_its_agents_hold(tmp_path):
+    # with node agents, step summaries wait up to 10 s at a node and its relay: the run's
+    # end sends them first, so its last seconds of steps are in the log before `finished`
+    import asyncio
+
+    import json
+
+    from rayguard.events import make_event
+    from rayguard.run.coordinator import RunCoordinator
+
+    c = RunCoordinator(str(tmp_path / "events.jsonl"), {"run": "t", "metrics": None})
+    order: list[str] = []
+
+    class Ref:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __await__(self):
+            async def go():
+                return self.fn()
+            return go().__await__()
+
+    class Agent:
+        def __init__(self, held):
+            self.held = held
+            self.flush = self
+
+        def remote(self):
+            def send():
+                order.append("flushed")
+                c.step_summaries(self.held)
+            return Ref(send)
+
+    summary = {"rank": 0, "attempt": 0, "last_step": 5, "node": "n1", "time": 1.0,
+               "steps": 5, "step_s": [0.1] * 5}
+    c._agents = {"n1": Agent([summary]), "n2": Agent([])}
+    asyncio.run(c.end(make_event("finished", "run finished")))
+    assert order == ["flushed", "flushed"]
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds == ["steps", "finished"]  # rank 0's 5 steps, then the end
