@@ -207,6 +207,11 @@ def _abort_nccl() -> None:
         leave_group()
 
 
+LEAVE_SETTLE_S = 0.2
+"""How long a survivor waits, the GIL released, between leaving its group and releasing
+what held it (:func:`leave_broken_group`)."""
+
+
 def leave_broken_group(exc: BaseException) -> str:
     """Leave the default group a peer's loss broke, and drop what the failed training
     function still holds of it (its frames, through ``exc``'s tracebacks: the DDP model, the
@@ -216,9 +221,15 @@ def leave_broken_group(exc: BaseException) -> str:
     here makes each survivor the next one's lost connection, so the loss reaches every rank
     in milliseconds (measured: 16 gloo ranks, the non-neighbours blocked otherwise)."""
     import gc
+    import time
     import traceback
 
     how = leave_group()
+    # Let the group's worker threads finish the collectives the leave ended before the
+    # group itself goes: a gloo work destroyed in its thread needs the GIL, and the group's
+    # destructor joins those threads holding it (seen once: a survivor frozen for good in
+    # DDP's reducer release, its watchdog with it).
+    time.sleep(LEAVE_SETTLE_S)
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
