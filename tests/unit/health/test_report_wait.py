@@ -18,18 +18,11 @@ from rayguard.health.report_wait import (
     ReturnedCheck,
     finished_ranks,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from rayguard.testing.fake_workers import Clock
 
 
 def waiting(returned, *, rank=0, world_size=2):
-    clock, reads, beats = Clock(), [], []
+    clock, reads, beats = Clock(100.0), [], []
 
     def read():
         reads.append(clock.now)

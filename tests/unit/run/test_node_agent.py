@@ -218,7 +218,6 @@ def test_the_runs_last_event_comes_after_the_summaries_its_agents_hold(tmp_path)
     # with node agents, step summaries wait up to 10 s at a node and its relay: the run's
     # end sends them first, so its last seconds of steps are in the log before `finished`
     import asyncio
-
     import json
 
     from rayguard.events import make_event

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import threading
 from collections import Counter
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 import ray
+from fake_actors import Handle
 
 import rayguard.run.memory_host as memory_host
 from rayguard.checkpoint.peer import peer_node
@@ -29,42 +29,6 @@ from rayguard.run.upstream import RayUpstream
 
 FLUSH_S = 1.0  # long: every rank's call is in before a node's batch goes (a loaded machine)
 PATH = "/ckpt/step-5"
-
-
-class ActorDied(Exception):
-    """What a call to a dead actor raises."""
-
-
-class Handle:
-    """A fake actor handle over ``obj`` whose methods run on ``loop``; counts the calls.
-    ``dead``: every call raises; ``late``: the named methods run but never answer."""
-
-    def __init__(self, obj: Any, loop: asyncio.AbstractEventLoop, *, dead: bool = False,
-                 late: tuple[str, ...] = ()) -> None:
-        self.obj, self.loop, self.dead, self.late = obj, loop, dead, late
-        self.calls: Counter[str] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        handle = self
-
-        class Method:
-            @staticmethod
-            def remote(*args: Any) -> concurrent.futures.Future:
-                handle.calls[name] += 1
-                if handle.dead:
-                    fut: concurrent.futures.Future = concurrent.futures.Future()
-                    fut.set_exception(ActorDied(f"{name}: the actor died"))
-                    return fut
-                ran = asyncio.run_coroutine_threadsafe(_call(getattr(handle.obj, name), args),
-                                                       handle.loop)
-                return concurrent.futures.Future() if name in handle.late else ran
-
-        return Method
-
-
-async def _call(fn: Any, args: tuple) -> Any:
-    out = fn(*args)
-    return await out if inspect.isawaitable(out) else out
 
 
 class Up(RayUpstream):
@@ -169,6 +133,12 @@ class Run:
         self.thread.join(5)
         self.loop.close()
 
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
 
 @pytest.fixture(autouse=True)
 def fake_ray(monkeypatch) -> Counter:
@@ -219,10 +189,8 @@ def test_every_ranks_restore_look_up_is_one_call_per_node(fake_ray):
 def test_a_keeper_that_does_not_answer_leaves_its_copies_out_of_each_ranks_answer(fake_ray):
     run = Run(nodes=4, per_node=4, peers=True)
     run.keepers["n1"].silent = True  # n1 is lost, Ray does not know it yet
-    try:
+    with run:
         got = run.each_rank(own)
-    finally:
-        run.close()
     for r, (copies, digests) in enumerate(got):
         full, _ = expected(run, r, peers=True)
         assert digests == {"w": f"d{r}"}
@@ -231,10 +199,8 @@ def test_a_keeper_that_does_not_answer_leaves_its_copies_out_of_each_ranks_answe
 
 def test_without_agents_each_rank_looks_up_straight_with_one_node_table_query(fake_ray):
     run = Run(nodes=4, per_node=8, agents=False)
-    try:
+    with run:
         got = run.each_rank(own)
-    finally:
-        run.close()
     assert got == [expected(run, r) for r in range(32)]
     assert run.coordinator.calls == Counter({"memory_lookup": 32})
     assert fake_ray["node_table"] == 1  # the cache: 32 calls at once, one question
@@ -242,10 +208,8 @@ def test_without_agents_each_rank_looks_up_straight_with_one_node_table_query(fa
 
 def test_a_dead_agent_sends_every_look_up_straight(fake_ray):
     run = Run(nodes=2, per_node=4, dead=True)
-    try:
+    with run:
         got = run.each_rank(own)
-    finally:
-        run.close()
     assert got == [expected(run, r) for r in range(8)]
     assert run.coordinator.calls == Counter({"memory_lookup": 8})
     assert run.up.calls["memory_lookup_many"] == 0
@@ -269,10 +233,8 @@ def test_a_look_up_the_agent_does_not_answer_is_asked_straight(fake_ray):
     run = Run(nodes=2, per_node=4, memory_s=1.0, late=("memory_lookup",))
     for agg in run.aggs:
         agg.lookups.flush_s = 0.01
-    try:
+    with run:
         got = run.each_rank(own)
-    finally:
-        run.close()
     assert got == [expected(run, r) for r in range(8)]
     assert run.coordinator.calls == Counter({"memory_lookup": 8})
 
@@ -285,10 +247,8 @@ def copied(run: Run) -> dict[int, Any]:
 
 def test_every_ranks_peer_copy_is_one_call_per_node_and_copies_at_once(fake_ray):
     run = Run(nodes=4, per_node=4, hold_s=0.2)
-    try:
+    with run:
         got = run.each_rank(lambda link: link.memory_copy_to_peer(PATH))
-    finally:
-        run.close()
     assert got == [run.peer_of(r) for r in range(16)]  # each rank its own peer
     assert run.up.calls["memory_copy_to_peer_many"] == 4  # was 16 calls
     assert run.coordinator.calls == Counter()
@@ -301,10 +261,8 @@ def test_every_ranks_peer_copy_is_one_call_per_node_and_copies_at_once(fake_ray)
 def test_a_failed_copy_in_a_batch_is_that_ranks_none_only(fake_ray):
     run = Run(nodes=2, per_node=4)
     run.keepers["n1"].fail.add("ref2")
-    try:
+    with run:
         got = run.each_rank(lambda link: link.memory_copy_to_peer(PATH))
-    finally:
-        run.close()
     assert got == [run.peer_of(r) if r != 2 else None for r in range(8)]
     assert run.coordinator.calls == Counter()  # a failed copy is an answer: not re-asked
 
@@ -312,10 +270,8 @@ def test_a_failed_copy_in_a_batch_is_that_ranks_none_only(fake_ray):
 def test_without_agents_or_with_a_dead_one_each_rank_copies_straight(fake_ray):
     for kw in ({"agents": False}, {"dead": True}):
         run = Run(nodes=2, per_node=4, **kw)
-        try:
+        with run:
             got = run.each_rank(lambda link: link.memory_copy_to_peer(PATH))
-        finally:
-            run.close()
         assert got == [run.peer_of(r) for r in range(8)]
         assert run.coordinator.calls == Counter({"memory_copy_to_peer": 8})
         assert copied(run) == {r: [("copy", run.peer_of(r), f"ref{r}")] for r in range(8)}
@@ -325,10 +281,8 @@ def test_a_peer_copy_the_agent_does_not_answer_is_asked_straight(fake_ray):
     run = Run(nodes=2, per_node=4, memory_s=1.0, late=("memory_copy_to_peer",))
     for agg in run.aggs:
         agg.peer_copies.flush_s = 0.01
-    try:
+    with run:
         got = run.each_rank(lambda link: link.memory_copy_to_peer(PATH))
-    finally:
-        run.close()
     assert got == [run.peer_of(r) for r in range(8)]
     assert run.coordinator.calls == Counter({"memory_copy_to_peer": 8})
 

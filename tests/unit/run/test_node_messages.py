@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import json
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 import ray
+from fake_actors import Handle, call
 
 import rayguard.train.live as live
 from rayguard.controller.resize import go_key, left_key
@@ -33,42 +33,6 @@ from rayguard.run.outbox import EVENT, Delivered, Outbox
 from rayguard.run.timeouts import LinkTimeouts
 
 FLUSH_S = 1.0  # long: every rank's call is in before a node's batch goes (a loaded machine)
-
-
-class ActorDied(Exception):
-    """What a call to a dead actor raises."""
-
-
-class Handle:
-    """A fake actor handle over ``obj`` whose methods run on ``loop``; counts the calls.
-    ``dead``: every call raises; ``late``: the named methods run but never answer."""
-
-    def __init__(self, obj: Any, loop: asyncio.AbstractEventLoop, *, dead: bool = False,
-                 late: tuple[str, ...] = ()) -> None:
-        self.obj, self.loop, self.dead, self.late = obj, loop, dead, late
-        self.calls: Counter[str] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        handle = self
-
-        class Method:
-            @staticmethod
-            def remote(*args: Any) -> concurrent.futures.Future:
-                handle.calls[name] += 1
-                if handle.dead:
-                    fut: concurrent.futures.Future = concurrent.futures.Future()
-                    fut.set_exception(ActorDied(f"{name}: the actor died"))
-                    return fut
-                ran = asyncio.run_coroutine_threadsafe(_call(getattr(handle.obj, name), args),
-                                                       handle.loop)
-                return concurrent.futures.Future() if name in handle.late else ran
-
-        return Method
-
-
-async def _call(fn: Any, args: tuple) -> Any:
-    out = fn(*args)
-    return await out if inspect.isawaitable(out) else out
 
 
 class Up:
@@ -329,12 +293,12 @@ def resize_calls(tmp_path, monkeypatch, agents: bool) -> tuple[Counter, Counter,
     def controller() -> None:
         keys = [left_key(2, r) for r in range(32)]
         while True:
-            ask = asyncio.run_coroutine_threadsafe(_call(run.c.present, (keys,)), run.loop)
+            ask = asyncio.run_coroutine_threadsafe(call(run.c.present, (keys,)), run.loop)
             if len(ask.result(5)) == len(keys):
                 break
             time.sleep(0.01)
         go = {"places": {str(r): {"world_rank": r, "world_size": 40} for r in range(32)}}
-        asyncio.run_coroutine_threadsafe(_call(run.c.put, (go_key(3), go)), run.loop).result(5)
+        asyncio.run_coroutine_threadsafe(call(run.c.put, (go_key(3), go)), run.loop).result(5)
 
     ctl = threading.Thread(target=controller)
     ctl.start()
