@@ -158,7 +158,8 @@ class Direct(Protocol):
 
     def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
                     timeout_s: float, keep: bool, root: int | None,
-                    batch: str | None = None) -> Awaitable[list[Any] | None]: ...
+                    batch: str | None = None, by_ref: bool = True
+                    ) -> Awaitable[list[Any] | None]: ...
 
     def resolve(self, answer: Any, again: Callable[[], Awaitable[Any]] | None = None
                 ) -> Awaitable[list[Any] | None]: ...
@@ -200,7 +201,7 @@ class RelayedGathers:
             else:
                 self.relayed += 1
                 return await self.direct.resolve(answer, lambda: self.direct.gather_many(
-                    tag, world_size, values, timeout_s, keep, root, batch))
+                    tag, world_size, values, timeout_s, keep, root, batch, by_ref=False))
         return await self.direct.gather_many(tag, world_size, values, timeout_s, keep, root,
                                              batch)
 

@@ -65,11 +65,14 @@ class RayUpstream:
 
     async def gather_many(self, tag: str, world_size: int, values: dict[int, Any],
                           timeout_s: float, keep: bool, root: int | None,
-                          batch: str | None = None) -> list[Any] | None:
+                          batch: str | None = None, by_ref: bool = True) -> list[Any] | None:
+        """``by_ref=False``: the answer by value (a batch asked again, with its id)."""
         def ask(by_ref: bool) -> Any:
             return self.actor.gather_many.remote(tag, world_size, values, timeout_s, keep,
                                                  by_ref, root, batch)
 
+        if not by_ref:
+            return await ask(False)
         # a batch with an id is answered again from its completed gather: by value, if the
         # reference does not come (without an id, asking again would be a new gather)
         return await self.resolve(await ask(True), None if batch is None else lambda: ask(False))
@@ -88,8 +91,7 @@ class RayUpstream:
         except asyncio.TimeoutError:
             logger.warning("rayguard: a gather's answer did not come from the object store "
                            "in %.0f s: asked for again, by value", FETCH_S)
-        value = await again()
-        return await self.resolve(value) if isinstance(value, ErrorsOnly) else value
+        return await again()
 
     async def gather_group(self, tag: str, world_size: int, batches: dict[str, dict[int, Any]],
                            timeout_s: float, keep: bool, full: bool, errors: bool) -> Any:

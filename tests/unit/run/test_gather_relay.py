@@ -33,7 +33,8 @@ class Direct:
         self.c = c
         self.calls: list[tuple[str, list]] = []
 
-    async def gather_many(self, tag, world_size, values, timeout_s, keep, root, batch=None):
+    async def gather_many(self, tag, world_size, values, timeout_s, keep, root, batch=None,
+                          by_ref=True):
         self.calls.append(("node", [batch]))
         return await self.c.gather_many(tag, world_size, values, timeout_s, keep, root=root,
                                         batch=batch)

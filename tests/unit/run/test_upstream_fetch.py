@@ -79,3 +79,27 @@ def test_errors_only_answers_stay_by_value():
 
     values = asyncio.run(go())
     assert values[0] is None and isinstance(values[1], ValueError) and values[2] is None
+
+
+def test_a_relayed_answer_that_never_comes_is_asked_again_by_value_at_once():
+    # the relay passed the node its answer's reference; the node asks the coordinator again
+    # with its batch's id, by value (not by reference first, which could wait as long again)
+    from rayguard.run.gather_relay import RelayedGathers
+    from rayguard.run.waits import GroupAnswer
+
+    c = Coordinator(ref_comes=False)
+
+    async def relay(tag, node, batch, world_size, values, timeout_s, keep, full):
+        never = asyncio.get_running_loop().create_future()
+        return GroupAnswer([never], None).for_node(full)
+
+    async def go():
+        gathers = RelayedGathers(RayUpstream(c), relay, node="n1")
+        return await gathers.gather_many("a0:t", 2, {0: "mine"}, 30.0, False, None)
+
+    saved, upstream.FETCH_S = upstream.FETCH_S, 0.05
+    try:
+        assert asyncio.run(asyncio.wait_for(go(), 5)) == ["mine", "peer"]
+    finally:
+        upstream.FETCH_S = saved
+    assert c.calls == [False]
