@@ -29,6 +29,7 @@ from rayguard._ray.train import (
 from rayguard.events import make_event
 from rayguard.failures import FATAL_ERRORS, classify
 from rayguard.failures.messages import one_line
+from rayguard.health.crash_loop import no_progress
 
 logger = logging.getLogger("rayguard")
 
@@ -72,7 +73,7 @@ class GuardFailurePolicy(QuietRetryPolicy):
             if loop is not None:
                 self._stop("crash_loop", loop.rank, (
                     f"crash loop: {loop.summary} (raised at {loop.origin}) ended attempt "
-                    f"{loop.attempt} on rank {loop.rank} exactly as before, {_no_progress(loop)}"
+                    f"{loop.attempt} on rank {loop.rank} exactly as before, {no_progress(loop)}"
                     f"; {_allowed(self.crash_loop_retries)}, so it is not retried"),
                     attempt=loop.attempt)
                 return FailureDecision.RAISE
@@ -136,11 +137,3 @@ def _allowed(retries: int) -> str:
     """``HealthConfig(crash_loop_retries=N)`` in words: how many repeats it allows."""
     count = "no repeat" if retries == 0 else f"{retries} repeat{'s' if retries != 1 else ''}"
     return f"HealthConfig(crash_loop_retries={retries}) allows {count}"
-
-
-def _no_progress(loop: Any) -> str:
-    """Why the repeat counts as one: nothing committed in the attempt, or (checkpoints
-    committed, but the resume led back to it) the same step as before."""
-    if loop.commits == 0:
-        return "with no checkpoint committed in between"
-    return f"at the same step ({loop.step}) although it committed a checkpoint in between"

@@ -31,7 +31,7 @@ from rayguard.failures.patterns import COLLATERAL_PATTERNS, COLLATERAL_TYPES, re
 from rayguard.failures.taxonomy import classify
 
 __all__ = ["COLLATERAL_PATTERNS", "COLLATERAL_TYPES", "FailureRecord", "crash_loop",
-           "describe_exception", "is_collateral"]
+           "describe_exception", "is_collateral", "no_progress"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,14 @@ def _same_failure(earlier: FailureRecord, later: FailureRecord) -> bool:
     """``later`` repeats ``earlier`` and the attempt in between gained nothing durable."""
     return earlier.signature == later.signature and (
         later.commits == 0 or later.step == earlier.step)
+
+
+def no_progress(record: FailureRecord) -> str:
+    """Why ``record``'s repeat counted (:func:`_same_failure`), in words: nothing committed
+    in its attempt, or the same step as before although it committed."""
+    if record.commits == 0:
+        return "with no checkpoint committed in between"
+    return f"at the same step ({record.step}) although it committed a checkpoint in between"
 
 
 def crash_loop(history: Mapping[int, Sequence[FailureRecord]], attempt: int, *,
