@@ -71,7 +71,7 @@ def quiet_controller() -> None:
     _install(BACKEND_LOGGER, _DropShutdownNoise)
 
 
-_EXIT_QUIETED: list[bool] = []
+_EXIT_QUIETED: list[bool] = []  # per process: the exit hook is registered once per process
 
 
 def _exit_on_sigterm() -> None:

@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 
+from rayguard import runtime
 from rayguard._ray import spare_dir
 from rayguard._ray.prestart import KEEP_ALIVE_S, prestart
 from rayguard._ray.spare_dir import SPARE_DIR_ENV, base_dir, open_private
@@ -66,7 +67,7 @@ ORPHAN_S = 120.0
 POLL_S = 5.0
 """How often an unused spare looks at its run's directory."""
 
-_claimed = threading.Event()
+_claimed = threading.Event()  # per process: whether this process is a spare no more
 
 def spare_env() -> dict[str, str]:
     """The worker environment variables of a live run with a spare (the driver sets them;
@@ -160,9 +161,9 @@ def _importable(name: str) -> bool:
             and not top.startswith("__"))
 
 
-_recorded = [-1]
-"""How many modules this process had when it last recorded them (-1: it does not record:
-only the lowest rank of a node does, from its set-up on)."""
+# How many modules this process had when the worker last recorded them (-1: it does not
+# record: only the lowest rank of a node does, from its set-up on): its runtime's
+# spare_recorded (rayguard.runtime), read again by its watchdog's tick (touch).
 
 
 def record_modules(value: str | None = None) -> None:
@@ -173,7 +174,7 @@ def record_modules(value: str | None = None) -> None:
     value = value or os.environ.get(SPARE_DIR_ENV)
     if not value:
         return
-    _recorded[0] = len(sys.modules)
+    runtime.current().spare_recorded = len(sys.modules)
     names = sorted(n for n in list(sys.modules) if _importable(n))
     try:
         fd = open_private(value, create=True)
@@ -281,7 +282,7 @@ def touch(value: str | None = None) -> None:
             pass
         finally:
             os.close(fd)
-    if 0 <= _recorded[0] != len(sys.modules):
+    if 0 <= runtime.current().spare_recorded != len(sys.modules):
         record_modules(value)
 
 

@@ -34,7 +34,7 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SPARE_DIR_ENV = "RAYGUARD_SPARE_DIR"
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_warned: set[str] = set()
+_warned: set[str] = set()  # per process: each reason is said once per process
 
 
 def base_dir() -> str:

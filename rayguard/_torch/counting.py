@@ -61,7 +61,7 @@ class Counter:
                          "ranks": []} for pg, e in self._entered.items()}
 
 
-COUNTER = Counter()
+COUNTER = Counter()  # per process: it counts the calls of torch's own (per-process) functions
 
 
 def _group_name(group: Any) -> str:

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayguard import runtime
 from rayguard.checkpoint.fsio import NotRegularFileError, read_bounded
 from rayguard.checkpoint.schemes import BLAKE3, SHA256
 from rayguard.constants import CHECKPOINT_KEY_FILE_ENV_VAR
@@ -84,19 +85,18 @@ def load_key(path: str | os.PathLike[str], field_name: str = "CheckpointConfig.k
     return Key(data, where)
 
 
-_selected: list[Key | None] = [None]
-
-
 def use(key: Key | None) -> None:
-    """Make ``key`` this process's checkpoint key (``None``: the environment's, if any)."""
-    _selected[0] = key
+    """Make ``key`` this worker's checkpoint key (its :mod:`rayguard.runtime`'s; ``None``:
+    the environment's, if any)."""
+    runtime.current().auth_key = key
 
 
 def active() -> Key | None:
-    """This process's key: the one :func:`use` set, else the file named by
+    """This worker's key: the one :func:`use` set, else the file named by
     :data:`KEY_FILE_ENV_VAR` (a ConfigError when it names a bad file), else ``None``."""
-    if _selected[0] is not None:
-        return _selected[0]
+    key: Key | None = runtime.current().auth_key
+    if key is not None:
+        return key
     path = os.environ.get(KEY_FILE_ENV_VAR)
     return load_key(path, KEY_FILE_ENV_VAR) if path else None
 

@@ -40,6 +40,7 @@ from torch.distributed._shard._utils import narrow_tensor_by_index  # as DCP's o
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future as TorchFuture
 
+from rayguard import runtime
 from rayguard.checkpoint.dcp_layout import DCP_DIR
 from rayguard.checkpoint.dcp_safe import SafeReader
 from rayguard.checkpoint.fsio import pread_exact
@@ -278,7 +279,7 @@ class VerifyingReader(SafeReader):
         largest = max(((s.end - s.first) * CHUNK_SIZE_BYTES for segs in plans.values()
                        for s in segs), default=0)
         buffers = _Buffers(largest)
-        with ThreadPoolExecutor(self._threads, thread_name_prefix="rg-dcp-verify") as pool:
+        with runtime.pool(self._threads, "rg-dcp-verify") as pool:
             for rel, reqs in per_file.items():
                 self._read_file(rel, reqs, plans[rel], planner, pool, buffers)
 

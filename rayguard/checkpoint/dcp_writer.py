@@ -23,6 +23,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint import filesystem as dcp_fs
 from torch.futures import Future
 
+from rayguard import runtime
 from rayguard.checkpoint.hashing import WriteHasher, default_threads
 from rayguard.checkpoint.schemes import current
 
@@ -97,7 +98,7 @@ class HashingWriter(FileSystemWriter):
         self.digests: dict[str, Digest] = {}
 
     def write_data(self, plan: Any, planner: Any) -> Future[list[Any]]:
-        with ThreadPoolExecutor(self._threads, thread_name_prefix="rg-dcp-hash") as pool:
+        with runtime.pool(self._threads, "rg-dcp-hash") as pool:
             self.pool = pool
             try:
                 return super().write_data(plan, planner)

@@ -15,9 +15,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from rayguard import runtime
 from rayguard.checkpoint.fsio import pread_exact
 from rayguard.checkpoint.hashing import (
     IN_FLIGHT_PER_THREAD,
@@ -28,7 +29,7 @@ from rayguard.checkpoint.hashing import (
 from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES, Hasher, current, factory
 
 _T = TypeVar("_T")
-_local = threading.local()
+_local = threading.local()  # per thread: each pool thread's read buffer
 
 Result = tuple[str, tuple[str, ...]] | OSError | EOFError
 """A file's (digest, chunk digests), or the error that stopped its read."""
@@ -158,7 +159,7 @@ def hash_files(
             keep(k, result)
 
     pacer = Pacer()
-    with ThreadPoolExecutor(n_threads, thread_name_prefix="rg-hash") as pool:
+    with runtime.pool(n_threads, "rg-hash") as pool:
         for batch in _batches(pieces()):
             if pacer.here and all(_is_small(piece) for piece in batch):
                 for (k, *_), result in zip(batch, pacer.run(_hash_pieces, batch, chunk_size, new),

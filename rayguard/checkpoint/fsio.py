@@ -3,8 +3,9 @@
 Every byte a checkpoint writes goes through :func:`write_all` (or :func:`atomic_write_bytes`),
 so a single hook can inject an I/O error (``ENOSPC``, ``EIO``) at a chosen offset of a chosen
 file: :func:`inject_write_error`. :func:`set_phase_hook` lets crash tests kill the process at
-a named point of the commit protocol (see ``PHASES``). Both hooks are process-global and are
-``None`` in normal runs (one attribute check per write).
+a named point of the commit protocol (see ``PHASES``). Both hooks are per worker (held by
+its :mod:`rayguard.runtime`; the threads a worker starts see its own) and are ``None`` in
+normal runs (one attribute check per write).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from rayguard import runtime
 from rayguard.exceptions import CheckpointError
 
 # (path, file offset of this write, number of bytes) -> None, or raise OSError.
@@ -33,29 +35,27 @@ PHASES = (
     "published",  # staging renamed to the final directory
 )
 
-_write_fault_hook: WriteFaultHook | None = None
-_phase_hook: PhaseHook | None = None
-
 _MAX_IOV = 1024  # IOV_MAX on Linux
 
 
 def set_write_fault_hook(hook: WriteFaultHook | None) -> WriteFaultHook | None:
     """Install ``hook`` (called before every checkpoint write syscall); returns the previous one."""
-    global _write_fault_hook
-    previous, _write_fault_hook = _write_fault_hook, hook
+    rt = runtime.current()
+    previous, rt.write_fault_hook = rt.write_fault_hook, hook
     return previous
 
 
 def set_phase_hook(hook: PhaseHook | None) -> PhaseHook | None:
     """Install ``hook`` (called at each point of ``PHASES``); returns the previous one."""
-    global _phase_hook
-    previous, _phase_hook = _phase_hook, hook
+    rt = runtime.current()
+    previous, rt.phase_hook = rt.phase_hook, hook
     return previous
 
 
 def phase(name: str, path: str | os.PathLike[str]) -> None:
-    if _phase_hook is not None:
-        _phase_hook(name, os.fspath(path))
+    hook = runtime.current().phase_hook
+    if hook is not None:
+        hook(name, os.fspath(path))
 
 
 @contextmanager
@@ -85,8 +85,9 @@ def write_all(fd: int, buffers: Sequence[memoryview], path: str, offset: int) ->
     Uses ``writev`` so many small tensors cost one syscall. Handles short writes.
     """
     total = sum(b.nbytes for b in buffers)
-    if _write_fault_hook is not None:
-        _write_fault_hook(path, offset, total)
+    hook = runtime.current().write_fault_hook
+    if hook is not None:
+        hook(path, offset, total)
     pending = [b for b in buffers if b.nbytes]
     while pending:
         batch = pending[:_MAX_IOV]

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rayguard import runtime
 from rayguard.checkpoint import format as fmt
 from rayguard.checkpoint.fsio import read_exact
 from rayguard.checkpoint.hashing import CHUNK_SIZE_BYTES, StreamHasher, default_threads
@@ -97,7 +97,7 @@ def _hashed(record: FileRecord | None, where: str, threads: int | None,
             fill: Callable[[StreamHasher | None], tuple[Any, list[Any]]]) -> tuple[Any, list[Any]]:
     """Run ``fill(hasher)`` (it reads the shard into fresh tensors, adding every byte to the
     hasher) and check the digest against ``record``; no hashing when ``record`` is None."""
-    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
+    with runtime.pool(threads or default_threads(), "rg-ckpt-hash") as pool:
         hasher = StreamHasher(pool, scheme=record.scheme) if record is not None else None
         try:
             structure, objects = fill(hasher)

@@ -22,6 +22,8 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from rayguard import runtime
+
 CHUNK_SIZE_BYTES = 16 * 1024 * 1024
 SHA256 = "sha256-chunked-16MiB"
 BLAKE3 = "blake3-chunked-16MiB"
@@ -74,16 +76,14 @@ DEFAULT = BLAKE3 if _available(BLAKE3) else SHA256
 """New checkpoints' scheme unless configured: BLAKE3 (measured faster), sha256 without the
 ``blake3`` package."""
 
-_selected = DEFAULT
-
 
 def select(scheme: str) -> None:
-    """Make ``scheme`` (a name in :data:`KNOWN`) the one this process's new checkpoints use."""
-    global _selected
+    """Make ``scheme`` (a name in :data:`KNOWN`) the one this worker's new checkpoints use
+    (its :mod:`rayguard.runtime`'s; a process that runs no worker: its default runtime)."""
     factory(scheme)()  # fails now, not at the first checkpoint, when it cannot be used
-    _selected = scheme
+    runtime.current().hash_scheme = scheme
 
 
 def current() -> str:
-    """The scheme this process's new checkpoints use."""
-    return _selected
+    """The scheme this worker's new checkpoints use."""
+    return runtime.current().hash_scheme or DEFAULT

@@ -17,10 +17,10 @@ from __future__ import annotations
 import heapq
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rayguard import runtime
 from rayguard.checkpoint.dcp_layout import (
     DCP_DIR,
     DCP_METADATA,
@@ -74,7 +74,7 @@ def record_dcp_files(checkpoint_dir: str | os.PathLike[str], rank: int, *,
     streamed = {n: known[n] for n, size in zip(names, sizes, strict=True)
                 if n in known and known[n][0] == size}
     to_hash = [p for n, p in zip(names, paths, strict=True) if n not in streamed]
-    with ThreadPoolExecutor(1, thread_name_prefix="rg-dcp-fsync") as pool:
+    with runtime.pool(1, "rg-dcp-fsync") as pool:
         synced = pool.submit(_fsync_all, [*paths, directory]) if fsync else None
         hashed = dict(zip(to_hash, hash_files(to_hash, threads=threads, scheme=scheme), strict=True)) if to_hash else {}
         if synced is not None:

@@ -9,10 +9,10 @@ same memory; both release the GIL. The file and its directory are fsynced before
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rayguard import runtime
 from rayguard.checkpoint import format as fmt
 from rayguard.checkpoint.fsio import (
     check_real_dir,
@@ -96,7 +96,7 @@ def _write_file(
     path: Path, header: bytes, entries: list[fmt.Entry], threads: int | None, scheme: str
 ) -> tuple[int, str, tuple[str, ...]]:
     fd = create_new(path)
-    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="rg-ckpt-hash") as pool:
+    with runtime.pool(threads or default_threads(), "rg-ckpt-hash") as pool:
         hasher = StreamHasher(pool, scheme=scheme)
         try:
             phase("shard-opened", path)

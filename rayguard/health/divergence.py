@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rayguard import runtime
 from rayguard.exceptions import config_error, strict_fields
 
 DIVERGED_KEY = "diverged"
@@ -141,18 +142,16 @@ def plan_skip(restored_step: int | None, diverged_step: int | None) -> int:
     return diverged_step - restored_step
 
 
-_pending = {"steps": 0}
-
-
 def offer_data_skip(steps: int) -> None:
     """This rank's restore leaves out ``steps`` optimizer steps of data (set by
-    ``load_state()``; 0: none)."""
-    _pending["steps"] = max(0, int(steps))
+    ``load_state()``; 0: none; held by the worker's :mod:`rayguard.runtime`)."""
+    runtime.current().pending_data_skip = max(0, int(steps))
 
 
 def take_data_skip() -> int:
     """The steps of data the next sampler restore leaves out, once (``ElasticSampler``)."""
-    steps, _pending["steps"] = _pending["steps"], 0
+    rt = runtime.current()
+    steps, rt.pending_data_skip = rt.pending_data_skip, 0
     return steps
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from rayguard import runtime
 from rayguard.health.checks import check_stall
 from rayguard.health.config import HealthConfig
 from rayguard.health.decisions import Decision, stall_decision
@@ -65,7 +66,8 @@ class Watchdog:
                                           bound=name))
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="rayguard-watchdog", daemon=True)
+        self._thread = threading.Thread(target=runtime.carry(self._run), name="rayguard-watchdog",
+                                        daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rayguard import runtime
 from rayguard.events import make_event
 from rayguard.run.outbox import EVENT, FACT, FAILURE, Message, message_id
 
@@ -108,7 +109,7 @@ class AgentDelivery:
     def _watch(self, ref: Any, message: Message) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
+                self._thread = threading.Thread(target=runtime.carry(self._run), daemon=True,
                                                 name="rayguard-delivery")
                 self._thread.start()
         self._watched.put((ref, message))

@@ -107,7 +107,7 @@ def decode(payload: tuple) -> torch.Tensor:
         ) from e
 
 
-_auto_registered = False
+_auto_registered = False  # per process: the registration it triggers is Ray's, per process
 
 
 def _auto_register() -> None:

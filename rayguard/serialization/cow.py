@@ -26,7 +26,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_arena_fds: dict[tuple[str, int], int | None] = {}  # (path, inode) -> fd, None: cannot open
+# Per process: a cache of this process's file descriptors, (path, inode) -> fd (None: cannot open).
+_arena_fds: dict[tuple[str, int], int | None] = {}
 
 
 @dataclass(frozen=True)

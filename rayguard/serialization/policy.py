@@ -60,6 +60,8 @@ def default_policy() -> SerializerPolicy:
     return SerializerPolicy(cuda=os.environ.get(CUDA_POLICY_ENV_VAR, "receiver"))
 
 
+# Per process, not per worker (rayguard.runtime): set with Ray's per-process registration, and
+# read wherever Ray decodes, Ray's own threads too, which no worker binds.
 _current: SerializerPolicy | None = None
 
 

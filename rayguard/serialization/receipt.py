@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-_hook: Callable[[], None] | None = None
+_hook: Callable[[], None] | None = None  # per process: set once, when register is imported
 
 
 def set_receipt_hook(hook: Callable[[], None] | None) -> None:

@@ -25,6 +25,7 @@ from rayguard.constants import SERIALIZERS_ENV_VAR  # "0": no registration on re
 from rayguard.serialization.policy import SerializerPolicy, set_policy
 from rayguard.serialization.receipt import set_receipt_hook
 
+# Per process, not per worker (rayguard.runtime): Ray's dispatch table is one per process.
 _lock = threading.RLock()
 _previous: dict[type, Any] = {}  # reducers we replaced (e.g. Ray's zero-copy one)
 _opted_out = False  # deregister_tensor_serializers() was called: never auto-register

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from rayguard import runtime
 from rayguard.exceptions import RayGuardError
 
 
@@ -88,7 +89,8 @@ class ThreadGroup:
                 finished.add(rank)
                 self._cond.notify_all()
 
-        threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
+        threads = [threading.Thread(target=runtime.carry(body), args=(r,), name=f"rank{r}",
+                                    daemon=True)
                    for r in range(self.world_size)]
         for t in threads:
             t.start()

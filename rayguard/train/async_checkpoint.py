@@ -22,9 +22,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
+from rayguard import runtime
 from rayguard.train.snapshot import SnapshotBuffers
 
 logger = logging.getLogger("rayguard")
@@ -39,7 +40,7 @@ class AsyncCheckpointer:
     def __init__(self, *, heartbeat: Callable[[], None] = lambda: None,
                  pin_memory: bool = True) -> None:
         self._heartbeat = heartbeat
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rg-ckpt-persist")
+        self._pool = runtime.pool(1, "rg-ckpt-persist")
         self._inflight: Future[Any] | None = None
         self._lock = threading.Lock()
         self.buffers = SnapshotBuffers(pin_memory=pin_memory)

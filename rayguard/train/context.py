@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayguard import runtime
 from rayguard.exceptions import RayGuardError
 
 
@@ -48,19 +49,17 @@ class GuardContext:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-_CURRENT: GuardContext | None = None
-
-
 def set_context(ctx: GuardContext | None) -> None:
-    global _CURRENT
-    _CURRENT = ctx
+    """Set-up: this worker's context (its runtime's)."""
+    runtime.current().context = ctx
 
 
 def get_context() -> GuardContext:
     """The current worker's :class:`GuardContext`."""
-    if _CURRENT is None:
+    ctx = runtime.current().context
+    if ctx is None:
         raise RayGuardError(
             "rayguard.train.get_context() was called outside a rayguard worker. Fix: call it "
             "inside the training function passed to rayguard.RobustTrainer."
         )
-    return _CURRENT
+    return ctx

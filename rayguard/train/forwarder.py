@@ -15,6 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from rayguard import runtime
+
 
 class Forwarder:
     def __init__(self, name: str = "rayguard-report") -> None:
@@ -23,7 +25,7 @@ class Forwarder:
         self._gate = threading.Event()  # cleared: hold the next report (live recovery)
         self._gate.set()
         self._dropped = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=runtime.carry(self._run), name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from rayguard import runtime
 from rayguard._ray.spare import touch
 from rayguard.constants import LIVE_PG_ENV_VAR
 from rayguard.exceptions import PeersLostError
@@ -380,7 +381,8 @@ def keep_spare(ctx: Any, infos: list[dict[str, Any]]) -> None:
     mine = [i["rank"] for i in infos if i and i.get("node_id") == ctx.node_id]
     if mine and ctx.rank == min(mine):
         record_modules()  # what the spare imports before it waits
-        threading.Thread(target=ensure_spare, name="rayguard-spare", daemon=True).start()
+        threading.Thread(target=runtime.carry(ensure_spare), name="rayguard-spare",
+                         daemon=True).start()
 
 
 def release_spare(ctx: Any) -> None:

@@ -4,7 +4,7 @@ Once a rank's own copy of a shard is registered, the rank asks the coordinator t
 keeper of its peer node (:mod:`rayguard.checkpoint.peer`) take a second copy
 (:meth:`~rayguard.run.memory_host.MemoryHost.memory_copy_to_peer`): the bytes travel from
 this node's object store to the peer's, and the references never pass through this worker,
-so a worker killed meanwhile takes no copy with it. One thread per process asks, off the
+so a worker killed meanwhile takes no copy with it. One thread per worker (its request and thread are its :mod:`rayguard.runtime`'s) asks, off the
 training loop and off the own copy's registration (which the next save waits for): at most
 one request runs and one waits; a newer checkpoint's request replaces the one still waiting
 (that checkpoint is superseded), so a loop that saves faster than copies travel never blocks
@@ -17,31 +17,31 @@ import logging
 import threading
 from typing import Any
 
+from rayguard import runtime
+
 logger = logging.getLogger("rayguard")
 
-_lock = threading.Lock()
-_waiting: tuple[Any, str] | None = None
-_thread: threading.Thread | None = None
+_lock = threading.Lock()  # guards every runtime's peer_waiting and peer_thread
 
 
 def queue_peer_copy(link: Any, final: str) -> None:
     """Ask for the peer copy of this rank's snapshot of ``final``, in the background;
     replaces a request still waiting."""
-    global _waiting, _thread
+    rt = runtime.current()
     with _lock:
-        _waiting = (link, final)
-        if _thread is None:
-            _thread = threading.Thread(target=_run, name="rg-memory-peer", daemon=True)
-            _thread.start()
+        rt.peer_waiting = (link, final)
+        if rt.peer_thread is None:
+            rt.peer_thread = threading.Thread(target=runtime.carry(_run), args=(rt,),
+                                              name="rg-memory-peer", daemon=True)
+            rt.peer_thread.start()
 
 
-def _run() -> None:
-    global _waiting, _thread
+def _run(rt: runtime.WorkerRuntime) -> None:
     while True:
         with _lock:
-            job, _waiting = _waiting, None
+            job, rt.peer_waiting = rt.peer_waiting, None
             if job is None:
-                _thread = None
+                rt.peer_thread = None
                 return
         copy_to_peer(*job)
 
@@ -60,6 +60,6 @@ def copy_to_peer(link: Any, final: str) -> bool:
 def wait_idle(timeout_s: float = 240.0) -> None:
     """Wait until no peer copy runs or waits (tests, benchmarks, end of a worker)."""
     with _lock:
-        thread = _thread
+        thread = runtime.current().peer_thread
     if thread is not None:
         thread.join(timeout_s)

@@ -27,19 +27,18 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
+from rayguard import runtime
 from rayguard.run.link import RunLink
 from rayguard.train.memory_peer import queue_peer_copy, wait_idle
 
 logger = logging.getLogger("rayguard")
 
 _META = "__rayguard__"
-_keepers: dict[str, Any] = {}
-"""The keeper of each node, once asked (per process: a keeper outlives the worker group)."""
-_pending: list[Future[None]] = []
-_executor: ThreadPoolExecutor | None = None
+# The keeper of each node once asked (a keeper outlives the worker group), the registrations
+# in flight and their executor: this worker's, in its runtime (rayguard.runtime).
 
 
 class MemoryTier:
@@ -86,10 +85,10 @@ class MemoryTier:
 
         from rayguard.checkpoint.memory import digests_of, pack_shard
 
-        global _executor
+        rt = runtime.current()
         link, timeout_s = self.link, self.link.timeouts.memory_s
         try:
-            _wait_pending()  # at most one offer in flight per process
+            _wait_pending()  # at most one offer in flight per worker
             keeper = self._keeper()
             files = pack_shard(link.ctx.rank, payload)
             held = keeper.hold.remote(files)  # the bytes are in the object store now
@@ -102,8 +101,9 @@ class MemoryTier:
                 if peer_copy:
                     queue_peer_copy(link, final)
 
-            _executor = _executor or ThreadPoolExecutor(1, thread_name_prefix="rg-memory-tier")
-            _pending.append(_executor.submit(register))
+            if rt.memory_executor is None:
+                rt.memory_executor = runtime.pool(1, "rg-memory-tier")
+            rt.memory_pending.append(rt.memory_executor.submit(register))
         except Exception as exc:
             logger.warning("rayguard: rank %d: no memory copy of %s (%s); a restart reads the "
                            "disk", link.ctx.rank, final, exc)
@@ -114,10 +114,10 @@ class MemoryTier:
             self.link.memory_commit(final, step)
 
     def _keeper(self) -> Any:
-        node = self.link.ctx.node_id
-        if node not in _keepers:
-            _keepers[node] = self.link.memory_keeper(node)
-        return _keepers[node]
+        node, keepers = self.link.ctx.node_id, runtime.current().memory_keepers
+        if node not in keepers:
+            keepers[node] = self.link.memory_keeper(node)
+        return keepers[node]
 
     # -- load -----------------------------------------------------------------------------
     def choose(self, skip: set[str]) -> str | None:
@@ -268,8 +268,9 @@ def _tier_fields(oks: list[bool], skipped_hashing: bool,
 
 
 def _wait_pending() -> None:
-    while _pending:
-        future = _pending.pop(0)
+    pending: list[Future[None]] = runtime.current().memory_pending
+    while pending:
+        future = pending.pop(0)
         try:
             future.result(timeout=120.0)
         except Exception as exc:

@@ -63,7 +63,7 @@ class Notice:
     """``time.monotonic()`` when it arrived."""
 
 
-# -- the SIGTERM handler (one per process; runs on the main thread) -------------------------
+# -- the SIGTERM handler (one per process, as signals are: not in rayguard.runtime) ----------
 class _Sigterm:
     def __init__(self) -> None:
         self.previous: Any = None

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rayguard import runtime
 from rayguard.checkpoint.checkpointable import check_checkpointable
 from rayguard.config import GuardConfig
 from rayguard.faults import Fault, FaultInjector
@@ -284,16 +285,12 @@ class LateSession:
             self.session.optimizer_stepped()
 
 
-_SESSION: WorkerSession | None = None
-
-
 def set_current_session(session: WorkerSession | None) -> None:
-    """Set-up: the session of this process while a training function runs."""
-    global _SESSION
-    _SESSION = session
+    """Set-up: the session of this worker (its runtime) while a training function runs."""
+    runtime.current().session = session
 
 
 def current_session() -> WorkerSession | None:
     """The session ``rayguard.train.report/heartbeat/load_state`` act on (``None``: no
-    training function of a RobustTrainer runs in this process)."""
-    return _SESSION
+    training function of a RobustTrainer runs in this worker)."""
+    return runtime.current().session

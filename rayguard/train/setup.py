@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rayguard import runtime
 from rayguard._ray.spare import claim_process
 from rayguard.config import GuardConfig
 from rayguard.constants import FAULTS_ENV_VAR, NODE_AGENTS_ENV_VAR, SERIALIZERS_ENV_VAR
@@ -219,6 +220,7 @@ class GuardedTrainFn:
         """Live recovery (:mod:`rayguard.train.live`): the survivors keep their processes."""
         self.elastic = elastic  # size changes in place (rayguard.controller.resize)
 
+    @runtime.worker()  # each call binds this worker's runtime (rayguard.runtime) around it
     def __call__(self) -> Any:
         attempt = None  # set when this process rejoins a live recovery
         while True:

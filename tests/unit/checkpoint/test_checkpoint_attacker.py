@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from rayguard import runtime
 from rayguard.checkpoint import auth, unsealed, verify
 from rayguard.checkpoint.fsio import NotRegularFileError, read_bounded
 from rayguard.checkpoint.manifest import MANIFEST_NAME
@@ -158,7 +159,7 @@ def test_a_resealed_checkpoint_is_refused_under_the_key_and_accepted_without(tmp
                                                                            monkeypatch):
     from rayguard.checkpoint import schemes
 
-    monkeypatch.setattr(schemes, "_selected", schemes.CONFIG_NAMES[scheme])
+    monkeypatch.setattr(runtime.current(), "hash_scheme", schemes.CONFIG_NAMES[scheme])
     key = auth.load_key(_key(tmp_path))
     auth.use(key)
     d = _sealed(tmp_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 
+from rayguard import runtime
 from rayguard.checkpoint.memory import Snapshot, SnapshotRegistry
 from rayguard.checkpoint.peer import peer_node
 from rayguard.train.memory_tier import _tier_fields
@@ -128,4 +129,4 @@ def test_a_newer_peer_copy_replaces_the_one_still_waiting_and_none_blocks_the_ca
     link.release.set()
     memory_peer.wait_idle(30)
     assert link.asked == ["c1", "c3"]
-    assert memory_peer._thread is None and memory_peer._waiting is None
+    assert runtime.current().peer_thread is None and runtime.current().peer_waiting is None

@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 
+from rayguard import runtime
 from rayguard.checkpoint import auth
 from rayguard.checkpoint import sharded as sh
 from rayguard.checkpoint.manifest import (
@@ -78,7 +79,7 @@ def test_16384_rank_manifest_round_trips_with_its_checks(records):
 
 
 def test_16384_rank_manifest_signed_with_a_key_round_trips(records, monkeypatch):
-    monkeypatch.setattr(auth, "_selected", [auth.Key(b"k" * 32, "test")])
+    monkeypatch.setattr(runtime.current(), "auth_key", auth.Key(b"k" * 32, "test"))
     manifest = Manifest(world_size=RANKS, step=1, files=commit_mod.merge_shards(records, RANKS))
     doc = json.loads(manifest.to_json())
     assert doc[auth.AUTH_KEY]["key_id"] == auth.active().key_id

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from rayguard import runtime
 from rayguard._ray import spare, spare_dir
 
 RUN_ID = "0123456789abcdef"
@@ -146,7 +147,7 @@ def test_the_recording_rank_lists_its_modules_and_again_once_it_imports_more(tmp
                                                                              monkeypatch):
     monkeypatch.setenv(spare.SPARE_DIR_ENV, run)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(spare, "_recorded", [-1])
+    monkeypatch.setattr(runtime.current(), "spare_recorded", -1)
     folder = __import__("pathlib").Path(run)
     spare.touch()  # not the recording rank: nothing written
     assert not (folder / spare.MODULES_FILE).exists()

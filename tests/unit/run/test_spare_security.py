@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 
+from rayguard import runtime
 from rayguard._ray import spare, spare_dir
 
 OTHER = 65534
@@ -28,7 +29,7 @@ def node(tmp_path, monkeypatch):
     is ``tmp_path`` (the node's shared /tmp), and no spare warning is remembered."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(spare_dir, "_warned", set())
-    monkeypatch.setattr(spare, "_recorded", [-1])
+    monkeypatch.setattr(runtime.current(), "spare_recorded", -1)
     value = os.path.join(spare_dir.base_dir(), RUN_ID)
     monkeypatch.setenv(spare.SPARE_DIR_ENV, value)
     return tmp_path, value
