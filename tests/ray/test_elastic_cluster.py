@@ -61,10 +61,12 @@ def _loop(config: dict) -> None:
         sampler.load_state_dict(state["sampler"])
         step = state["step"]
     data = TensorDataset(torch.arange(config["samples"], dtype=torch.float32))
-    with open(os.path.join(config["out"], f"start-a{ctx.attempt}-r{ctx.rank}.json"), "w") as f:
+    start = os.path.join(config["out"], f"start-a{ctx.attempt}-r{ctx.rank}.json")
+    with open(start + ".tmp", "w") as f:  # renamed whole: the driver polls these files
         json.dump({"attempt": ctx.attempt, "rank": ctx.rank, "ws": ctx.world_size,
                    "node": ctx.node_id, "pid": os.getpid(), "changed": ctx.world_size_changed,
                    "previous_rank": ctx.previous_rank}, f)
+    os.replace(start + ".tmp", start)
     # the driver removes the node of a grown group while it sets up (before any step)
     while ctx.world_size == config["max_workers"] and os.path.exists(config["hold_file"]):
         rayguard.train.heartbeat()
