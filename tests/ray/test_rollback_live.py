@@ -28,8 +28,9 @@ def clean(ray_local_module, tmp_path_factory):
     return weights
 
 
-@pytest.mark.parametrize(("mode", "memory_tier"), [("sync", False), ("async", False),
-                                                   ("sync", True)])
+# (sync, disk) is the frameworks' faults runs' rollback (tests/ray/test_frameworks_*.py):
+# exact weights after a NaN rolled back in place from the disk checkpoint (docs/testing.md)
+@pytest.mark.parametrize(("mode", "memory_tier"), [("async", False), ("sync", True)])
 def test_nan_rolls_back_in_place_exactly(clean, tmp_path, mode, memory_tier):
     weights, events, entered = _fit(tmp_path, "nan", faults="nan:rank=0,step=4", mode=mode,
                                     memory_tier=memory_tier)

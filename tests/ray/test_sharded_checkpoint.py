@@ -137,22 +137,36 @@ def _flip_byte(path):
         f.write(bytes([b[0] ^ 0x01]))
 
 
-def test_corrupt_dcp_files_are_rejected_and_an_older_one_loads(ray_local_module, tmp_path):
+def test_damaged_and_forged_dcp_checkpoints_are_rejected_and_an_older_one_loads(
+        ray_local_module, tmp_path):
+    """Each of the four newest checkpoints is damaged in its own way: a flipped byte, a
+    missing ``.metadata``, a truncated shard, and (someone with write access to the run
+    directory) a ``dcp/.metadata`` replaced by a pickle that runs a command, its manifest
+    entry rewritten so the sha256 matches. The restart rejects each (naming what is wrong,
+    the forged one by the class it refuses to unpickle), loads the fifth once (no crash
+    loop), and the command never runs in any worker."""
+    from rayguard.testing.forge import command_pickle, forge_file
+
     at1 = str(tmp_path / "at1.pt")
-    _, events, run = _fit(tmp_path, "corrupt", steps=5, dump_at={1: at1})
+    _, events, run = _fit(tmp_path, "damaged", steps=6, dump_at={1: at1})
     by_step = {e["step"]: e["path"] for e in events if e["kind"] == "checkpoint_committed"}
-    _flip_byte(os.path.join(by_step[4], "dcp", "__1_0.distcp"))
-    os.remove(os.path.join(by_step[3], "dcp", ".metadata"))
-    with open(os.path.join(by_step[2], "dcp", "__0_0.distcp"), "r+b") as f:
+    _flip_byte(os.path.join(by_step[5], "dcp", "__1_0.distcp"))
+    os.remove(os.path.join(by_step[4], "dcp", ".metadata"))
+    with open(os.path.join(by_step[3], "dcp", "__0_0.distcp"), "r+b") as f:
         f.truncate(os.path.getsize(f.name) - 7)
+    marker = tmp_path / "pwned"
+    forge_file(by_step[2], "dcp/.metadata", command_pickle(f"touch {marker}"))
     after_load = str(tmp_path / "after_load.pt")
-    _, events, _ = _fit(tmp_path, "corrupt", steps=2, after_load=after_load)
+    _, events, _ = _fit(tmp_path, "damaged", steps=2, after_load=after_load)
+    assert not marker.exists()
     rejected = {e["path"]: e["detail"] for e in events if e["kind"] == "checkpoint_rejected"}
-    assert "__1_0.distcp: blake3 mismatch" in rejected[by_step[4]]
-    assert ".metadata: missing" in rejected[by_step[3]]
-    assert "__0_0.distcp: size is" in rejected[by_step[2]]
+    assert "__1_0.distcp: blake3 mismatch" in rejected[by_step[5]]
+    assert ".metadata: missing" in rejected[by_step[4]]
+    assert "__0_0.distcp: size is" in rejected[by_step[3]]
+    assert "refusing to unpickle posix.system" in rejected[by_step[2]]
     restored = [e for e in events if e["kind"] == "restored"]
-    assert restored[-1]["step"] == 1 and restored[-1]["path"] == by_step[1]
+    assert [e["path"] for e in restored] == [by_step[1]]  # loaded once: no crash loop
+    assert "restart" not in _kinds(events)
     assert _equal(torch.load(after_load, weights_only=True), torch.load(at1, weights_only=True))
 
 
@@ -165,24 +179,3 @@ def test_dtensor_in_plain_state_names_sharded(ray_local_module, tmp_path):
     assert "restart" not in _kinds(events)  # the same on every attempt: no retry
 
 
-def test_forged_dcp_metadata_is_rejected_never_run(ray_local_module, tmp_path):
-    """Someone with write access to the run directory replaces the newest checkpoint's
-    ``dcp/.metadata`` by a pickle that runs a command, and rewrites its manifest entry so the
-    sha256 matches. The restart rejects that checkpoint (naming the class), loads the older
-    one, and the command never runs in any worker."""
-    from rayguard.testing.forge import command_pickle, forge_file
-
-    at1 = str(tmp_path / "at1.pt")
-    _, events, run = _fit(tmp_path, "forged", steps=3, dump_at={1: at1})
-    by_step = {e["step"]: e["path"] for e in events if e["kind"] == "checkpoint_committed"}
-    marker = tmp_path / "pwned"
-    forge_file(by_step[2], "dcp/.metadata", command_pickle(f"touch {marker}"))
-    after_load = str(tmp_path / "after_load.pt")
-    _, events, _ = _fit(tmp_path, "forged", steps=2, after_load=after_load)
-    assert not marker.exists()
-    rejected = {e["path"]: e["detail"] for e in events if e["kind"] == "checkpoint_rejected"}
-    assert "refusing to unpickle posix.system" in rejected[by_step[2]]
-    restored = [e for e in events if e["kind"] == "restored"]
-    assert [e["path"] for e in restored] == [by_step[1]]  # loaded once: no crash loop
-    assert "restart" not in _kinds(events)
-    assert _equal(torch.load(after_load, weights_only=True), torch.load(at1, weights_only=True))
