@@ -168,14 +168,6 @@ class MemoryHost:
                      for rank, (copies, digests) in found.items()}
         return [found.get(rank) for rank in ranks]
 
-    def memory_held(self) -> list[tuple[str, int, str]]:
-        """(path, rank, node) of every own copy held (tests, ``rayguard`` diagnostics)."""
-        return [(s.path, s.rank, s.node) for s in self._memory.held()]
-
-    def memory_peers(self) -> list[tuple[str, int, str]]:
-        """(path, rank, peer node) of every second copy held."""
-        return [(s.path, s.rank, s.peer) for s in self._memory.held() if s.peer is not None]
-
 
 async def _awaitable(ref: Any) -> Any:
     """An object reference awaited on the actor's event loop."""

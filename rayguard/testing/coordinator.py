@@ -51,4 +51,14 @@ class InProcessCoordinator:
         self._thread.join(timeout=10)
 
 
-__all__ = ["InProcessCoordinator"]
+def memory_copies(coordinator: Any) -> list[tuple[str, int, str, str | None]]:
+    """``(path, rank, node, peer node or None)`` of every memory-tier copy the run's
+    coordinator actor holds, read off the actor with Ray's ``__ray_call__`` (the actor has no
+    method for tests)."""
+    import ray
+
+    return ray.get(coordinator.__ray_call__.remote(
+        lambda actor: [(s.path, s.rank, s.node, s.peer) for s in actor._memory.held()]))
+
+
+__all__ = ["InProcessCoordinator", "memory_copies"]

@@ -86,6 +86,7 @@ def run_once(mode: str, mib: int, root: str) -> dict:
     import rayguard
     from rayguard.events import read as read_events
     from rayguard.testing.cluster import SimulatedCluster, wait_for
+    from rayguard.testing.coordinator import memory_copies
 
     memory = mode != "disk"
     name = f"{mode}-{time.time_ns()}"
@@ -107,8 +108,8 @@ def run_once(mode: str, mib: int, root: str) -> dict:
             timeout_s=600, what="both ranks held")
         if mode == "peer":
             coordinator = trainer._coordinator
-            wait_for(lambda: len([p for p in ray.get(coordinator.memory_peers.remote())
-                                  if p[0] == ray.get(coordinator.memory_committed.remote())])
+            wait_for(lambda: len([c for c in memory_copies(coordinator) if c[3] is not None
+                                  and c[0] == ray.get(coordinator.memory_committed.remote())])
                      == 2 or None, timeout_s=300, what="both peer copies")
         removed = time.time()
         sim.remove_worker_node([n.node_id for n in sim.nodes].index(held[1]))

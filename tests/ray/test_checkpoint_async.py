@@ -40,7 +40,7 @@ def loop(config):
                     fsio.set_write_fault_hook(None)
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
             fsio.set_write_fault_hook(full_once)
-        if ctx.attempt == 0 and ctx.rank == 0 and step == config.get("kill_persisting_at"):
+        if ctx.rank == 0 and [ctx.attempt, step] == config.get("kill_persisting_at"):
             name = f"checkpoint_{step:09d}"
 
             def die_in_background(phase, path, name=name):  # the loop has moved on by now
@@ -101,20 +101,22 @@ def test_a_background_disk_full_is_raised_at_the_next_report(ray_local_module, t
     assert not [p for p in os.listdir(run_dir) if p.startswith(".rayguard-staging-")]
     failed = [e for e in read_events(run_dir) if e["kind"] == "failed"]
     assert failed
-    # With a restart, the run resumes from the checkpoint before the failed one.
-    run = _fit(tmp_path, "full-retry", "async", steps=5, fill_disk_at=3)
-    restored = [e for e in read_events(run.path) if e["kind"] == "restored"]
-    assert restored[0]["step"] == 2 and run.metrics["start"] == 3
-    assert run.checkpoint.path.endswith("checkpoint_000000004_a1")
 
 
-def test_a_worker_killed_while_a_checkpoint_persists_restarts_from_the_previous(
+def test_a_disk_full_then_a_kill_while_persisting_each_restart_from_the_previous(
         ray_local_module, tmp_path):
-    run = _fit(tmp_path, "killed", "async", steps=5, kill_persisting_at=3)
+    """Attempt 0: step 3's background write finds the disk full; attempt 1 resumes from step
+    2, and rank 0 is killed while step 4's checkpoint persists; attempt 2 resumes from step 3
+    (step 4 never committed). Nothing half-written is left."""
+    run = _fit(tmp_path, "full-killed", "async", steps=6, fill_disk_at=3,
+               kill_persisting_at=[1, 4])
     events = read_events(run.path)
-    restored = [e for e in events if e["kind"] == "restored"]
-    assert restored and restored[0]["step"] == 2  # step 3 never committed in attempt 0
-    assert "checkpoint_000000003_a0" not in _committed(run.path)
+    restored = sorted({(e["attempt"], e["step"]) for e in events if e["kind"] == "restored"})
+    assert restored == [(1, 2), (2, 3)], restored
+    assert run.metrics["start"] == 4
+    names = _committed(run.path)
+    assert "checkpoint_000000003_a0" not in names and "checkpoint_000000004_a1" not in names
+    assert run.checkpoint.path.endswith("checkpoint_000000005_a2")
     assert not [p for p in os.listdir(run.path) if p.startswith(".rayguard-staging-")]
-    for name in _committed(run.path):
+    for name in names:
         assert ck.verify(os.path.join(run.path, name)).ok

@@ -22,6 +22,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 import rayguard
 from rayguard.events import read as read_events
 from rayguard.testing.cluster import SimulatedCluster, wait_for
+from rayguard.testing.coordinator import memory_copies
 
 STEPS = 6
 HOLD = 3  # attempt 0 waits after committing this step until its node is gone
@@ -105,8 +106,9 @@ def test_a_removed_nodes_rank_restores_from_the_peer_copy(no_ray, tmp_path):
             path = ray.get(coordinator.memory_committed.remote())
             if path is None or not path.endswith(f"{HOLD:09d}_a0"):
                 return None
-            own = {r: n for p, r, n in ray.get(coordinator.memory_held.remote()) if p == path}
-            peer = {r: n for p, r, n in ray.get(coordinator.memory_peers.remote()) if p == path}
+            copies = [c for c in memory_copies(coordinator) if c[0] == path]
+            own = {r: n for _, r, n, _ in copies}
+            peer = {r: n for _, r, _, n in copies if n is not None}
             return (path, own, peer) if len(own) == 2 and len(peer) == 2 else None
 
         path, own, peer = wait_for(both_copies, timeout_s=240,

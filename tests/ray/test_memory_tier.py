@@ -19,6 +19,7 @@ from ray.train import RunConfig, ScalingConfig
 import rayguard
 from rayguard.events import read as read_events
 from rayguard.testing.cluster import SimulatedCluster, wait_for
+from rayguard.testing.coordinator import memory_copies
 
 STEPS = 8
 HOLD = 4  # attempt 0 waits after committing this step until released (or killed)
@@ -90,9 +91,9 @@ class Run:
 
         def both() -> str | None:
             committed = ray.get(coordinator.memory_committed.remote())
-            held = [p for p, _, _ in ray.get(coordinator.memory_held.remote()) if p == committed]
-            peers = [p for p, _, _ in ray.get(coordinator.memory_peers.remote())
-                     if p == committed]
+            copies = [c for c in memory_copies(coordinator) if c[0] == committed]
+            held = copies
+            peers = [c for c in copies if c[3] is not None]
             return (committed if committed.endswith(f"{HOLD:09d}_a0") and len(held) == 2
                     and len(peers) == 2 else None)
 
@@ -218,11 +219,10 @@ def test_copy_that_does_not_match_the_manifest_is_read_from_disk(clean, tmp_path
 
 @pytest.mark.timeout(900)
 def test_both_nodes_removed_their_ranks_read_the_disk(clean, cluster, tmp_path):
-    import ray
 
     run = Run(tmp_path, "node", hold=True)
     path = run.held_at_hold()
-    held = ray.get(run.trainer._coordinator.memory_held.remote())
+    held = [(p, r, n) for p, r, n, _ in memory_copies(run.trainer._coordinator)]
     # every shard has a copy on each node (its own and its peer's): both nodes lost, none left
     lost_nodes = {cluster.remove_worker_node(0), cluster.remove_worker_node(0)}
     lost_ranks = sorted(r for p, r, n in held if p == path and n in lost_nodes)
