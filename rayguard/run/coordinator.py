@@ -347,6 +347,8 @@ class RunCoordinator(GatherHost, MemoryHost):
                 await asyncio.wait_for(flushes, timeout_s)
             except asyncio.TimeoutError:  # observing never holds the run's end longer
                 pass
+            # what the flush wrote is stamped now; the log is read by time: the end stays last
+            event["time"] = max(float(event.get("time") or 0.0), time.time())
         self.record(event)
 
     def step_summaries(self, batch: list[dict[str, Any]]) -> None:

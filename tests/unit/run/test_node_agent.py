@@ -249,8 +249,14 @@ def test_the_runs_last_event_comes_after_the_summaries_its_agents_hold(tmp_path)
     summary = {"rank": 0, "attempt": 0, "last_step": 5, "node": "n1", "time": 1.0,
                "steps": 5, "step_s": [0.1] * 5}
     c._agents = {"n1": Agent([summary]), "n2": Agent([])}
-    asyncio.run(c.end(make_event("finished", "run finished")))
+    finished = make_event("finished", "run finished")
+    finished["time"] -= 1.0  # made before the flush: the summaries it waited for are newer
+    asyncio.run(c.end(finished))
     assert order == ["flushed", "flushed"]
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     kinds = [json.loads(line)["kind"] for line in lines]
     assert kinds == ["steps", "finished"]  # rank 0's 5 steps, then the end
+    # and read by time, as every reader does: the end is still last
+    from rayguard.events import read as read_events
+
+    assert [e["kind"] for e in read_events(tmp_path / "events.jsonl")] == ["steps", "finished"]
