@@ -161,11 +161,6 @@ def _importable(name: str) -> bool:
             and not top.startswith("__"))
 
 
-# How many modules this process had when the worker last recorded them (-1: it does not
-# record: only the lowest rank of a node does, from its set-up on): its runtime's
-# spare_recorded (rayguard.runtime), read again by its watchdog's tick (touch).
-
-
 def record_modules(value: str | None = None) -> None:
     """A worker after set-up (the lowest rank of its node): the modules its process has
     imported, for the node's next spares (written whole into a new private file, then
@@ -174,7 +169,7 @@ def record_modules(value: str | None = None) -> None:
     value = value or os.environ.get(SPARE_DIR_ENV)
     if not value:
         return
-    runtime.current().spare_recorded = len(sys.modules)
+    runtime.current().spare_recorded = len(sys.modules)  # touch() records again on a change
     names = sorted(n for n in list(sys.modules) if _importable(n))
     try:
         fd = open_private(value, create=True)

@@ -4,8 +4,9 @@ Once a rank's own copy of a shard is registered, the rank asks the coordinator t
 keeper of its peer node (:mod:`rayguard.checkpoint.peer`) take a second copy
 (:meth:`~rayguard.run.memory_host.MemoryHost.memory_copy_to_peer`): the bytes travel from
 this node's object store to the peer's, and the references never pass through this worker,
-so a worker killed meanwhile takes no copy with it. One thread per worker (its request and thread are its :mod:`rayguard.runtime`'s) asks, off the
-training loop and off the own copy's registration (which the next save waits for): at most
+so a worker killed meanwhile takes no copy with it. One thread per worker (its request and
+its thread are held by the worker's :mod:`rayguard.runtime`) asks, off the training loop and
+off the own copy's registration (which the next save waits for): at most
 one request runs and one waits; a newer checkpoint's request replaces the one still waiting
 (that checkpoint is superseded), so a loop that saves faster than copies travel never blocks
 on them.
@@ -31,12 +32,13 @@ def queue_peer_copy(link: Any, final: str) -> None:
     with _lock:
         rt.peer_waiting = (link, final)
         if rt.peer_thread is None:
-            rt.peer_thread = threading.Thread(target=runtime.carry(_run), args=(rt,),
+            rt.peer_thread = threading.Thread(target=runtime.carry(_run),
                                               name="rg-memory-peer", daemon=True)
             rt.peer_thread.start()
 
 
-def _run(rt: runtime.WorkerRuntime) -> None:
+def _run() -> None:
+    rt = runtime.current()  # the starter's: the thread runs carried
     while True:
         with _lock:
             job, rt.peer_waiting = rt.peer_waiting, None
