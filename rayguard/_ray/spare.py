@@ -66,6 +66,9 @@ ORPHAN_S = 120.0
 
 POLL_S = 5.0
 """How often an unused spare looks at its run's directory."""
+UNLISTED_S = 10.0
+"""A process that found no run folder at its start and still runs no actor this long after
+is a spare whose run ended on its node: it ends itself (a new worker has its actor by then)."""
 
 _claimed = threading.Event()  # per process: whether this process is a spare no more
 
@@ -104,28 +107,35 @@ def warm() -> None:
     import torch.distributed  # noqa: F401
 
     value = os.environ.get(SPARE_DIR_ENV)
+    if not value:
+        return
     try:
-        fd = open_private(value, create=True)
-        if fd is None:
-            return
-        try:
-            spare_dir.create(fd, str(os.getpid()))
-        finally:
-            os.close(fd)
-        threading.Thread(target=_outlive_no_run, args=(value,), name="rayguard-spare",
+        # The folder is made by the node's first worker (record_modules) before it asks for
+        # a spare, and removed at the run's end: never made here, or a spare that starts
+        # after the run ended on its node would make it again and wait for ORPHAN_S.
+        fd = open_private(value)
+        listed = fd is not None
+        if fd is not None:
+            try:
+                spare_dir.create(fd, str(os.getpid()))
+            finally:
+                os.close(fd)
+        threading.Thread(target=_outlive_no_run, args=(value, listed), name="rayguard-spare",
                          daemon=True).start()
     except Exception as exc:  # noqa: BLE001 - Ray's set-up hook must not fail the worker
         spare_dir.spare_off(f"its folder could not be set up ({exc})")
 
 
-def _outlive_no_run(value: str) -> None:
+def _outlive_no_run(value: str, listed: bool = True) -> None:
     """While this process runs no actor (a spare), it imports what the run's workers
     imported (:func:`record_modules`; first ``FIRST_S`` after its start, then whenever the
     list changes), and ends itself once its run is over on this node: the folder gone
     (:func:`release_spares`), or not touched by a live worker for ``ORPHAN_S`` (the run
     failed, or its driver went). A process that Ray gives an actor at once (a new worker)
-    imports nothing here."""
-    seen, wait_s = None, FIRST_S
+    imports nothing here. One that found no folder at its start (``listed`` False: a new
+    worker of the run's first attempt on the node, or a spare that started after the run's
+    end) ends itself if it is still idle and the folder still missing ``UNLISTED_S`` on."""
+    seen, wait_s = None, FIRST_S if listed else UNLISTED_S
     while not _claimed.is_set():
         time.sleep(wait_s)
         wait_s = POLL_S
@@ -135,6 +145,9 @@ def _outlive_no_run(value: str) -> None:
         if fd is None:  # released (or no longer ours): nothing to wait for
             os._exit(0)
         try:
+            if not listed:  # made since: the run goes on here, and this is its spare
+                listed = True
+                spare_dir.create(fd, str(os.getpid()))
             now = spare_dir.mtime(fd, MODULES_FILE)
             if now != seen:  # a worker imported more: so does the spare
                 seen = now
@@ -317,9 +330,20 @@ def idle_spares(value: str | None = None) -> list[int]:
     return sorted(alive)
 
 
-def ensure_spare() -> bool:
-    """One spare on this node (True: one was asked for now)."""
-    if not os.environ.get(SPARE_DIR_ENV) or idle_spares():
+def ensure_spare(after_s: float = 0.0) -> bool:
+    """One spare on this node, asked for ``after_s`` from now (the attempt's set-up; see
+    ``HealthConfig.live_spare_after_s``) unless the node has one by then or the run has
+    ended on it (its folder removed). True: one was asked for."""
+    value = os.environ.get(SPARE_DIR_ENV)
+    if not value:
+        return False
+    if after_s > 0:
+        time.sleep(after_s)
+    fd = open_private(value)
+    if fd is None:  # the run's end on this node (release_spares) came first
+        return False
+    os.close(fd)
+    if idle_spares(value):
         return False
     return prestart()
 
@@ -341,6 +365,6 @@ def release_spares(value: str | None = None) -> int:
 
 
 __all__ = ["CUDA_FILE", "FIRST_S", "HOOK", "KEEP_ALIVE_S", "MODULES_FILE", "ORPHAN_S",
-           "SPARE_DIR_ENV", "claim_process", "ensure_spare", "has_setup_hook", "idle_spares",
+           "SPARE_DIR_ENV", "UNLISTED_S", "claim_process", "ensure_spare", "has_setup_hook", "idle_spares",
            "import_recorded", "touch", "prestart", "record_modules", "release_spares",
            "spare_env", "warm"]

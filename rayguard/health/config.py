@@ -57,6 +57,12 @@ class HealthConfig:
     that a replacement starts in it at once instead of in a new process
     (:mod:`rayguard._ray.spare`). ``False``: no spare."""
 
+    live_spare_after_s: float = 60.0
+    """How long after an attempt's set-up a node's spare is started: its start (a process
+    importing torch and what the workers imported) then never competes with the workers'
+    own start and first steps, nor costs a run that ends or fails in its first minute.
+    A failure before then starts its replacement in a new process. ``0``: at once."""
+
     crash_loop_retries: int = 1
     """Restarts allowed for a failure that repeats: the same exception from the same frame on
     the same rank ending consecutive attempts with no checkpoint committed in between (or at
@@ -156,6 +162,13 @@ class HealthConfig:
         if not isinstance(self.live_spare, bool):
             raise config_error("HealthConfig", "live_spare", self.live_spare,
                                "must be True or False", "pass live_spare=False to keep none")
+        if not (isinstance(self.live_spare_after_s, (int, float))
+                and not isinstance(self.live_spare_after_s, bool)
+                and 0 <= self.live_spare_after_s <= 3600
+                and math.isfinite(self.live_spare_after_s)):
+            raise config_error("HealthConfig", "live_spare_after_s", self.live_spare_after_s,
+                               "must be a number of seconds in [0, 3600]",
+                               "pass e.g. live_spare_after_s=60 (0: at once)")
         if not (isinstance(self.crash_loop_retries, int)
                 and not isinstance(self.crash_loop_retries, bool) and self.crash_loop_retries >= 0):
             raise config_error("HealthConfig", "crash_loop_retries", self.crash_loop_retries,

@@ -368,10 +368,10 @@ __all__ = ["AttemptSuperseded", "LiveWatch", "PG_KEY", "ResizeWatch", "apply_pla
            "record_rejoined", "rendezvous"]
 
 
-def keep_spare(ctx: Any, infos: list[dict[str, Any]]) -> None:
+def keep_spare(ctx: Any, infos: list[dict[str, Any]], after_s: float = 0.0) -> None:
     """After set-up (every rank of the attempt has claimed its process): the lowest rank of
-    each node records the modules it has imported and makes sure the node has a warm spare
-    process (:mod:`rayguard._ray.spare`), in the background."""
+    each node records the modules it has imported and makes sure, ``after_s`` on, that the
+    node has a warm spare process (:mod:`rayguard._ray.spare`), in the background."""
     import threading
 
     from rayguard._ray.spare import SPARE_DIR_ENV, ensure_spare, record_modules
@@ -381,8 +381,8 @@ def keep_spare(ctx: Any, infos: list[dict[str, Any]]) -> None:
     mine = [i["rank"] for i in infos if i and i.get("node_id") == ctx.node_id]
     if mine and ctx.rank == min(mine):
         record_modules()  # what the spare imports before it waits
-        threading.Thread(target=runtime.carry(ensure_spare), name="rayguard-spare",
-                         daemon=True).start()
+        threading.Thread(target=runtime.carry(ensure_spare), args=(after_s,),
+                         name="rayguard-spare", daemon=True).start()
 
 
 def release_spare(ctx: Any) -> None:

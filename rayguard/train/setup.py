@@ -329,7 +329,7 @@ class GuardedTrainFn:
         pin_cuda(ctx, infos)
         live_path = self._form_group(link, setup_start_time, replacement=attempt is None)
         if self.live:
-            keep_spare(ctx, infos)
+            keep_spare(ctx, infos, after_s=self.guard.health.live_spare_after_s)
         if live_path:  # the attempt's set-up began with its last rank's (the replacement's)
             setup_start_time = max(i.get("setup_start_time") or setup_start_time for i in infos)
         probe.publish_place()  # a rank that never answers a hang diagnosis is still placed

@@ -253,7 +253,7 @@ def run_once(mode, args, root, *, faults=True, every=None, extra=None):
             interval=mode == "paced", min_interval_s=args.min_interval_s,
             max_interval_s=600.0, mtbf_s=args.mtbf_s)
         health = rayguard.HealthConfig(stall_timeout_s=args.stall_timeout_s, max_restarts=20,
-                                       live_spare=mode != "live-nospare")
+                                       live_spare=mode != "live-nospare", live_spare_after_s=0)
         trainer = rayguard.RobustTrainer(
             loop, train_loop_config=config, scaling_config=scaling,
             run_config=RunConfig(storage_path=root, name=name),

@@ -161,7 +161,9 @@ def test_the_replacement_starts_in_the_nodes_warm_spare(ray_local_module, tmp_pa
 
     log = tmp_path / "spare.jsonl"
     trainer = make_trainer(spare_loop, tmp_path, name="spare", config={"log": str(log)},
-                           guard=rayguard.GuardConfig(numa="off", recovery="live"))
+                           guard=rayguard.GuardConfig(
+                               numa="off", recovery="live",
+                               health=rayguard.HealthConfig(live_spare_after_s=0)))
     assert trainer.fit().error is None
     rows = [json.loads(line) for line in log.read_text().splitlines() if line]
     (spares,) = [r["spares"] for r in rows if "spares" in r]

@@ -1,10 +1,16 @@
 """The in-memory checkpoint tier on a simulated two-node cluster (one training worker per
-node, the coordinator on a head node that never dies): a worker killed -> the restart
-restores from memory (each rank from the copy of the node that saved it); a memory copy that
-does not match the manifest -> the peer's copy serves; both copies that do not -> the disk;
-both nodes removed (every copy gone) -> the ranks read the disk. Every run ends with weights
-bitwise equal to a fault-free run (the exact-resume check of test_recovery_exact.py). A
-single node's loss, served by the peer copies: test_memory_peer.py."""
+node, the coordinator on a head node that never dies), every fault in sequence in one run
+(live recovery; each recovery asserted from its own ``restored`` event):
+
+1. a worker killed -> it restores from memory (each rank from the copy of the node that
+   saved it);
+2. a memory copy that does not match the manifest -> the peer's copy serves;
+3. both copies that do not -> the disk;
+4. both nodes removed (every copy gone) -> the ranks read the disk.
+
+The run ends with weights bitwise equal to a fault-free run (the exact-resume check of
+test_recovery_exact.py). A single node's loss, served by the peer copies:
+test_memory_peer.py. (These were four runs, one per fault.)"""
 
 from __future__ import annotations
 
@@ -21,8 +27,12 @@ from rayguard.events import read as read_events
 from rayguard.testing.cluster import SimulatedCluster, wait_for
 from rayguard.testing.coordinator import memory_copies
 
-STEPS = 8
-HOLD = 4  # attempt 0 waits after committing this step until released (or killed)
+STEPS = 12
+HOLDS = (4, 6, 8, 10)
+"""After committing each of these steps the run waits until the test has acted on its copies
+and released it; then rank 1 is killed at the next step (the first three), or the test
+removes both nodes (the last)."""
+FAULTS = "kill:rank=1,step=5;kill:rank=1,step=7;kill:rank=1,step=9"
 
 
 def loop(config):
@@ -49,8 +59,8 @@ def loop(config):
         rayguard.train.report({"loss": loss.item(), "step": step},
                               state=state if ctx.rank == 0 else None)
         release = config.get("release")
-        if release and step == HOLD and ctx.attempt == 0:
-            while not os.path.exists(release):
+        if release and step in HOLDS:
+            while not os.path.exists(f"{release}-{step}"):
                 rayguard.train.heartbeat()
                 time.sleep(0.2)
     dist.barrier()
@@ -65,7 +75,8 @@ class Run:
         self.out = str(tmp_path / f"{name}.pt")
         self.release = str(tmp_path / f"{name}.release") if hold else None
         guard = rayguard.GuardConfig(seed=0, faults=faults, numa="off",
-                                     checkpoint=rayguard.CheckpointConfig(memory_tier=True))
+                                     checkpoint=rayguard.CheckpointConfig(memory_tier=True),
+                                     health=rayguard.HealthConfig(max_restarts=4))
         self.trainer = rayguard.RobustTrainer(
             loop, train_loop_config={"out": self.out, "release": self.release},
             scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
@@ -81,28 +92,26 @@ class Run:
         except BaseException as exc:
             self.result["error"] = exc
 
-    def held_at_hold(self) -> str:
-        """Wait until both ranks' copies of the held step's checkpoint are in memory."""
+    def held_at(self, step: int) -> str:
+        """Wait until both ranks' copies of step ``step``'s checkpoint are in memory."""
         import ray
 
         coordinator = wait_for(lambda: self.trainer._coordinator, what="coordinator")
-        path = wait_for(lambda: ray.get(coordinator.memory_committed.remote()), timeout_s=300,
-                        what="a committed memory copy")
 
         def both() -> str | None:
             committed = ray.get(coordinator.memory_committed.remote())
+            if committed is None or f"{step:09d}_a" not in os.path.basename(committed):
+                return None
             copies = [c for c in memory_copies(coordinator) if c[0] == committed]
-            held = copies
             peers = [c for c in copies if c[3] is not None]
-            return (committed if committed.endswith(f"{HOLD:09d}_a0") and len(held) == 2
-                    and len(peers) == 2 else None)
+            return committed if len(copies) == 2 and len(peers) == 2 else None
 
-        path = wait_for(both, timeout_s=300, what=f"both ranks' two copies of step {HOLD}")
-        return path
+        return wait_for(both, timeout_s=300, what=f"both ranks' two copies of step {step}")
+
+    def release_hold(self, step: int) -> None:
+        open(f"{self.release}-{step}", "w").close()
 
     def finish(self):
-        if self.release:
-            open(self.release, "w").close()
         self.thread.join(600)
         assert not self.thread.is_alive(), "fit() did not end"
         if "error" in self.result:
@@ -168,71 +177,50 @@ def _corrupt_copies(coordinator, rank, which=("own", "peer")):
     return True
 
 
-def _restored(events):
-    restored = [e for e in events if e["kind"] == "restored"]
-    assert restored, [e["kind"] for e in events]
+def _restored_at(events, step):
+    restored = [e for e in events if e["kind"] == "restored" and e["step"] == step]
+    assert restored, [(e["kind"], e.get("step")) for e in events]
     return restored[0]
 
 
 @pytest.mark.timeout(900)
-def test_worker_killed_restores_from_memory(clean, tmp_path):
-    weights, events = Run(tmp_path, "kill", faults="kill:rank=1,step=5").finish()
-    assert _equal(weights, clean)
-    restored = _restored(events)
-    assert restored["step"] == 4
-    assert restored["tier"] == "memory" and restored.get("disk_hashing_skipped") is True
-    assert restored["copy"] == "own"  # every node is alive: the copy where it was saved
-
-
-@pytest.mark.timeout(900)
-def test_an_own_copy_that_does_not_match_the_manifest_is_served_by_the_peer(clean, tmp_path):
-
-    run = Run(tmp_path, "corrupt_own", faults="kill:rank=1,step=5", hold=True)
-    run.held_at_hold()
+def test_every_memory_tier_fault_in_sequence_restores_from_the_right_copy(clean, cluster,
+                                                                         tmp_path):
+    run = Run(tmp_path, "faults", faults=FAULTS, hold=True)
+    # 1. nothing touched: the kill at step 5 restores step 4 from each rank's own copy
+    run.held_at(4)
+    run.release_hold(4)
+    # 2. rank 0's own copy of step 6 replaced by one with a flipped byte: the peer serves
+    run.held_at(6)
     assert _corrupt_copies(run.trainer._coordinator, 0, ("own",))
-    weights, events = run.finish()
-    assert _equal(weights, clean)
-    restored = _restored(events)
-    assert restored["step"] == 4
-    # rank 0's own copy failed its sha256 check, its peer copy verified: both ranks (rank 1
-    # restores rank 0's replicated shard too) read rank 0's shard from the peer copy
-    assert restored["tier"] == "memory" and restored.get("disk_hashing_skipped") is True
-    assert restored["copy"] == "peer"
-
-
-@pytest.mark.timeout(900)
-def test_copy_that_does_not_match_the_manifest_is_read_from_disk(clean, tmp_path):
-
-    run = Run(tmp_path, "corrupt", faults="kill:rank=1,step=5", hold=True)
-    run.held_at_hold()
+    run.release_hold(6)
+    # 3. both of rank 0's copies of step 8 damaged: the disk, verified in full
+    run.held_at(8)
     assert _corrupt_copies(run.trainer._coordinator, 0)
-    weights, events = run.finish()
-    assert _equal(weights, clean)
-    restored = _restored(events)
-    assert restored["step"] == 4
-    # both of rank 0's copies failed their sha256 check: the checkpoint was verified on disk
-    # in full, and
-    # both ranks read it there (rank 1 saved no state: it restores rank 0's replicated shard)
-    assert restored["tier"] == "disk"
-    assert "disk_hashing_skipped" not in restored
-
-
-@pytest.mark.timeout(900)
-def test_both_nodes_removed_their_ranks_read_the_disk(clean, cluster, tmp_path):
-
-    run = Run(tmp_path, "node", hold=True)
-    path = run.held_at_hold()
+    run.release_hold(8)
+    # 4. both nodes removed at step 10: every copy gone with them, the disk
+    path = run.held_at(10)
     held = [(p, r, n) for p, r, n, _ in memory_copies(run.trainer._coordinator)]
-    # every shard has a copy on each node (its own and its peer's): both nodes lost, none left
     lost_nodes = {cluster.remove_worker_node(0), cluster.remove_worker_node(0)}
     lost_ranks = sorted(r for p, r, n in held if p == path and n in lost_nodes)
-    assert lost_ranks == [0, 1], held
+    assert lost_ranks == [0, 1], held  # each shard had a copy on each node
     cluster.add_worker_node()
     cluster.add_worker_node()
+    run.release_hold(10)  # the new group's ranks pass step 10 without waiting
     weights, events = run.finish()
     assert _equal(weights, clean)
-    restored = _restored(events)
-    assert restored["step"] == HOLD
-    tiers = restored.get("tiers") or [restored["tier"]] * 2
-    assert all(tiers[r] == "disk" for r in lost_ranks)
-    assert "disk_hashing_skipped" not in restored
+    own = _restored_at(events, 4)
+    assert own["tier"] == "memory" and own.get("disk_hashing_skipped") is True, own
+    assert own["copy"] == "own", own  # every node alive: the copy where it was saved
+    # rank 0's own copy failed its sha256 check, its peer copy verified: both ranks (rank 1
+    # restores rank 0's replicated shard too) read rank 0's shard from the peer copy
+    peer = _restored_at(events, 6)
+    assert peer["tier"] == "memory" and peer.get("disk_hashing_skipped") is True, peer
+    assert peer["copy"] == "peer", peer
+    # both of rank 0's copies failed their sha256 check: verified on disk in full, read there
+    disk = _restored_at(events, 8)
+    assert disk["tier"] == "disk" and "disk_hashing_skipped" not in disk, disk
+    gone = _restored_at(events, 10)
+    tiers = gone.get("tiers") or [gone["tier"]] * 2
+    assert all(tiers[r] == "disk" for r in lost_ranks), gone
+    assert "disk_hashing_skipped" not in gone

@@ -4,9 +4,9 @@ attempt by attempt, what happened.
 
 One fit per checkpoint mode carries its faults in sequence, one per attempt (``attempt=`` in
 the fault spec), each at a later step than the one before, so that each attempt's failure and
-the next attempt's restore are read from the log on their own: a kill of rank 1 and, in sync
-mode, a kill of rank 0 inside the restore itself, a hang of rank 0 (the stall bound), a NaN
-and, in sync mode, an exception. Where each fault's decision is made (the cause, the restore's
+the next attempt's restore are read from the log on their own: in sync mode a kill of rank
+1, a kill of rank 0 inside the restore itself, a hang of rank 0 (the stall bound), a NaN and
+an exception; in async mode a kill of rank 0 while a checkpoint may be persisting, and a NaN. Where each fault's decision is made (the cause, the restore's
 checkpoint, the crash-loop rule) the unit tests prove it over every case; these fits prove
 that the whole path, Ray included, resumes exactly after each.
 
@@ -160,18 +160,17 @@ def test_sync_faults_in_sequence_resume_exactly(clean, tmp_path):
 
 @pytest.mark.compat  # also run on the oldest supported Ray: a kill that resumes exactly
 def test_async_faults_in_sequence_resume_exactly(clean, tmp_path):
-    faults = ("kill:rank=1,step=3,attempt=0",
-              "hang:rank=0,step=5,attempt=1",
-              "nan:rank=0,step=7,attempt=2")
+    # rank 0, the writer of the replicated state, killed while its step-2 checkpoint may still
+    # be persisting in the background (a hang's end is the same SIGKILL: the sync fit's)
+    faults = ("kill:rank=0,step=3,attempt=0",
+              "nan:rank=0,step=7,attempt=1")
     weights, events = _fit(tmp_path, "async", faults, mode="async")
     assert _equal(weights, clean)
     a = _attempts(events)
-    assert len(a) == 4 and [e["kind"] for e in a[3]][-1] == "finished"
-    _assert_injected(a[0], kind="kill", rank=1)
+    assert len(a) == 3 and [e["kind"] for e in a[2]][-1] == "finished"
+    _assert_injected(a[0], kind="kill", rank=0)
     # the checkpoint before the kill: step 2's may still have been persisting
     assert _restored_step(a[1]) in (1, 2)
-    _assert_hang(a[1], rank=0, step=4)
-    assert _restored_step(a[2]) in (3, 4)  # likewise step 4's, before the hang
-    _assert_nan(a[2], step=7)
-    assert _restored_step(a[3]) == 6  # the one before the NaN: no NaN step was committed
-    assert not _of(a[3], "restart")
+    _assert_nan(a[1], step=7)
+    assert _restored_step(a[2]) == 6  # the one before the NaN: no NaN step was committed
+    assert not _of(a[2], "restart")

@@ -10,7 +10,7 @@ script by tests/ray/test_user_loop.py with Ray's and rayguard's default console 
         PIDs, and whether fit() left the RunConfig's worker environment as given.
     python user_loop_driver.py GCS_ADDRESS WORK_DIR driver-kill
         a fit on a remote filesystem (pyarrow SubTreeFileSystem over WORK_DIR/bucket) whose
-        driver SIGKILLs itself once rank 0 is a few epochs in and the run is 8 s old.
+        driver SIGKILLs itself once rank 0 is 3 epochs in and one upload interval has passed.
 """
 
 from __future__ import annotations
@@ -116,15 +116,20 @@ def driver_kill(work):
     os.makedirs(bucket, exist_ok=True)
     fs = pafs.SubTreeFileSystem(bucket, pafs.LocalFileSystem())
     run_config = RunConfig(storage_path="runs", storage_filesystem=fs)
+    from rayguard.events.upload import UPLOAD_INTERVAL_S
+
     trainer = _trainer(work, "remote", run_config, epochs=200, epoch_s=0.5)
-    started = time.monotonic()
 
     def kill_when_under_way():
+        # Once rank 0 is 3 epochs in, the attempt's start is in the local log: one upload
+        # interval (and a second to spare) later it must be in storage too.
         path = os.path.join(work, "remote.pids")
+        under_way = None
         while True:
             time.sleep(0.2)
-            if (time.monotonic() - started > 8 and os.path.exists(path)
-                    and len(_pids(work, "remote")) >= 3):
+            if under_way is None and os.path.exists(path) and len(_pids(work, "remote")) >= 3:
+                under_way = time.monotonic()
+            if under_way is not None and time.monotonic() - under_way > UPLOAD_INTERVAL_S + 1:
                 print("=== killing the driver", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 

@@ -3,7 +3,7 @@ reason), as rayguard's callback plans it and Ray Train's real controller execute
 replacement of one worker alone through Ray's replica-group path, or a whole-group restart
 (rayguard.testing.controller).
 
-Proves the path decisions of tests/ray/test_live_replace.py, tests/ray/test_live_node_loss.py,
+Proves the path decisions of tests/ray/test_live_replace.py, tests/ray/test_memory_peer.py,
 tests/ray/test_torchft.py and tests/ray/test_scale_workers.py (each test names its twin). Not covered here: the exact weights after a recovery (real DDP
 over gloo), the survivors leaving their broken process group and re-forming it with the
 replacement (rayguard.train.live), the memory tier's restore, Ray's warm spare process, and
@@ -94,7 +94,7 @@ def test_sixteen_workers_a_kill_is_replaced_alone(harness):
 
 
 def test_a_lost_node_falls_back_to_a_group_restart(harness):
-    # tests/ray/test_live_node_loss.py::test_a_lost_node_falls_back_to_a_group_restart
+    # tests/ray/test_memory_peer.py::test_a_lost_node_restarts_the_group_and_its_rank_restores_from_the_peer_copy
     def lose_rank_1s_node(w):
         if (w.rank, w.step, w.attempt) == (0, 5, 0):
             h.lose_node(h.groups[0].nodes[1])

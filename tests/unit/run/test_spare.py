@@ -84,18 +84,82 @@ def test_a_process_that_becomes_a_worker_leaves_the_list(run, monkeypatch):
     spare._claimed.clear()
 
 
-def test_an_orphaned_spare_ends_itself(run):
+def _idle_spare_ends_itself(run, bounds: str) -> None:
+    """An idle spare process of the run (``spare.warm()``, no Ray: it runs no actor) with
+    ``bounds`` set in its ``spare`` module ends itself (status 0) before its 30 s sleep,
+    and leaves no run folder behind."""
     code = (f"import os, sys, tempfile; tempfile.tempdir = {os.path.dirname(os.path.dirname(run))!r}; "
             f"sys.argv.append('default_worker'); os.environ[{spare.SPARE_DIR_ENV!r}] = {run!r}; "
-            "from rayguard._ray import spare; spare.ORPHAN_S, spare.POLL_S = 0.5, 0.2; "
-            "spare._idle = lambda: True; "  # no Ray here: it runs no actor
+            f"from rayguard._ray import spare; {bounds}; spare._idle = lambda: True; "
             "spare.warm(); import time; time.sleep(30); sys.exit(3)")
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         assert proc.wait(timeout=60) == 0  # ended itself, not after its sleep
-        assert not os.path.exists(run)  # and took its entry (the last) with it
+        assert not os.path.exists(run)  # (an orphan took its entry, the last, with it)
     finally:
         proc.kill()
+
+
+def test_an_orphaned_spare_ends_itself(run):
+    _made(run)  # the run's first worker on the node made it
+    _idle_spare_ends_itself(run, "spare.ORPHAN_S, spare.POLL_S = 0.5, 0.2")
+
+
+def test_a_spare_started_after_its_runs_end_ends_itself_and_makes_no_folder(run):
+    """The run ended on the node (its folder removed) while the spare it asked for was
+    still starting: the spare neither makes the folder again nor waits ``ORPHAN_S``."""
+    _idle_spare_ends_itself(run, "spare.UNLISTED_S = 0.5")
+
+
+def test_a_new_worker_that_found_no_folder_is_not_ended(run, monkeypatch):
+    """A worker of the run's first attempt starts before any folder is made on its node:
+    once it runs its actor the spare's thread leaves it alone."""
+    monkeypatch.setattr(spare, "UNLISTED_S", 0.0)
+    monkeypatch.setattr(spare, "_idle", lambda: False)
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail("a worker was ended"))
+    spare._outlive_no_run(run, listed=False)
+    assert not os.path.exists(run)
+
+
+def test_the_spare_is_asked_for_after_the_delay_and_not_after_the_runs_end(run, monkeypatch):
+    asked, slept = [], []
+    monkeypatch.setenv(spare.SPARE_DIR_ENV, run)
+    monkeypatch.setattr(spare, "prestart", lambda: asked.append(1) or True)
+    monkeypatch.setattr(spare.time, "sleep", slept.append)
+    assert spare.ensure_spare(after_s=60.0) is False  # no folder: the run ended here
+    assert slept == [60.0] and asked == []
+    _made(run)
+    assert spare.ensure_spare(after_s=0.0) is True and asked == [1]
+    assert slept == [60.0]  # at once: no sleep
+
+
+def test_the_lowest_rank_of_a_node_asks_for_the_spare_with_the_configured_delay(run,
+                                                                               monkeypatch):
+    import types
+
+    from rayguard.train import live
+
+    calls = []
+    monkeypatch.setenv(spare.SPARE_DIR_ENV, run)
+    monkeypatch.setattr(spare, "ensure_spare", calls.append)
+    infos = [{"rank": 0, "node_id": "a"}, {"rank": 1, "node_id": "a"}]
+    live.keep_spare(types.SimpleNamespace(rank=1, node_id="a"), infos, after_s=60.0)
+    assert calls == []  # not the node's lowest rank
+    live.keep_spare(types.SimpleNamespace(rank=0, node_id="a"), infos, after_s=60.0)
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == [60.0]
+
+
+@pytest.mark.parametrize("value", [-1, "60", True, float("nan"), 3601])
+def test_live_spare_after_s_takes_seconds(value):
+    import rayguard
+
+    with pytest.raises(rayguard.ConfigError, match="live_spare_after_s"):
+        rayguard.HealthConfig(live_spare_after_s=value)
+    assert rayguard.HealthConfig().live_spare_after_s == 60.0
+    assert rayguard.HealthConfig(live_spare_after_s=0).live_spare_after_s == 0
 
 
 def test_a_tick_keeps_the_spare(run, monkeypatch):

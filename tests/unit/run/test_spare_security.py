@@ -55,7 +55,7 @@ def _planted_base(tmp_path, mode=0o755, owner=OTHER):
 
 def _warm_no_imports(monkeypatch):
     """``spare.warm`` whose waiting thread returns at once (no spare loop in the test)."""
-    monkeypatch.setattr(spare, "_outlive_no_run", lambda value: None)
+    monkeypatch.setattr(spare, "_outlive_no_run", lambda *args: None)
 
 
 # -- finding 1: the folder belongs to whoever makes it first; files opened through links ------
