@@ -64,7 +64,7 @@ def processes_of(temp_dir: str) -> list[psutil.Process]:
     return list(found.values())
 
 
-def stop_head(temp_dir: str, grace_s: float = 10.0) -> list[str]:
+def stop_head(temp_dir: str, grace_s: float = 3.0) -> list[str]:
     """SIGTERM, then SIGKILL, the head's processes; returns what survived (should be [])."""
     for _ in range(3):  # raylets respawn nothing once the GCS is gone, but be thorough
         procs = processes_of(temp_dir)
