@@ -140,11 +140,13 @@ class RobustTrainer(GuardHooksTrainer):
 
     def controller_callbacks(self, callbacks: list[Any]) -> list[Any]:
         from rayguard._ray.cleaner import without_blind_cleaner
+        from rayguard._ray.datasets import without_idle_dataset_manager
         from rayguard.controller.callbacks import RayGuardCallback
         from rayguard.controller.rank_order import CoordinatorStore, RankOrder
         from rayguard.health.recovery import recovery_mode
 
         callbacks = without_blind_cleaner(callbacks)  # no dashboard: it could only warn
+        callbacks = without_idle_dataset_manager(callbacks, self.datasets)  # no datasets, no actor
 
         store = None
         if self._coordinator is not None:

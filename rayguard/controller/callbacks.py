@@ -120,8 +120,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         quiet_controller()  # a crashed worker's shutdown traceback: rayguard's line says it
         opened: Attempt = ray.get(self.coordinator.open_attempt.remote(RESTART))
         self._attempt = opened.number
-        self._nodes = []
-        self._live, self._restarting = None, False
+        self._nodes, self._live, self._restarting = [], None, False
         self._failed, self._plan, self._shrink = set(), None, None
         self._put_returned([])
         if self.fence is None:
@@ -144,18 +143,19 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             self._nodes = group_nodes(worker_group)
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
-        """Runs in the controller after each poll: record every worker error once, classified
-        where it happens (:func:`rayguard.failures.classify`: cause, fatal, retry policy),
-        as one line plus the whole text in ``details``."""
+        """Runs in the controller after each poll: record every worker error once (a replica
+        group's replacement's not by its predecessor's mark), classified where it happens
+        (:func:`rayguard.failures.classify`), as one line plus the whole text in ``details``."""
         import ray
 
         counted: list[NodeFailure] = []
         statuses = getattr(worker_group_status, "worker_statuses", None) or {}
         self._world = len(statuses)
         self._put_returned(finished_ranks(statuses))
-        for rank, status in statuses.items():  # a replaced rank that runs may fail again
-            if getattr(status, "error", None) is None:
-                self._reported.discard((self._attempt, rank))
+        for rank, status in statuses.items():  # a replica group's replacement, running
+            if getattr(status, "error", None) is None and (self._attempt, rank) in self._reported:
+                self._reported.discard((self._attempt, rank))  # in its predecessor's attempt,
+                self.coordinator.put.remote(cause_key(self._attempt, rank), None)  # may fail too
         self._failed = set(worker_group_status.errors)
         if self._failed:
             self._sync_attempt()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -82,9 +83,21 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def clean(ray_local_module, tmp_path_factory):
-    weights, events, _ = _fit(tmp_path_factory.mktemp("clean"), "clean", steps=STEPS)
+    """A fault-free run of 2 workers, steps 0..5, its whole model dumped at steps 1 and 5:
+    the weights a faulty run must end with, and the run that the reshard and damage tests
+    resume from (each in a copy of its own)."""
+    root = tmp_path_factory.mktemp("clean")
+    dumps = {1: str(root / "at1.pt"), STEPS - 1: str(root / "at5.pt")}
+    weights, events, path = _fit(root, "clean", steps=STEPS, dump_at=dumps)
     assert "restart" not in _kinds(events)
-    return weights
+    return SimpleNamespace(weights=weights, path=path, dumps=dumps, events=events)
+
+
+def _copy(clean, tmp_path, name):
+    """A copy of the clean run's directory as run ``name``: ``{step: checkpoint path}``."""
+    shutil.copytree(clean.path, tmp_path / name)
+    return {e["step"]: str(tmp_path / name / os.path.basename(e["path"]))
+            for e in clean.events if e["kind"] == "checkpoint_committed"}
 
 
 def test_kill_rank1_resumes_bitwise(clean, tmp_path):
@@ -93,7 +106,7 @@ def test_kill_rank1_resumes_bitwise(clean, tmp_path):
     assert "worker_died" in kinds and "restart" in kinds
     restored = [e for e in events if e["kind"] == "restored"]
     assert restored and restored[0]["step"] == 3
-    assert _equal(weights, clean)
+    assert _equal(weights, clean.weights)
     # every DCP file is in the manifest, with the world size and the mesh
     from rayguard import checkpoint as ck
     from rayguard.checkpoint.sharded import sharded_info
@@ -107,26 +120,18 @@ def test_kill_rank1_resumes_bitwise(clean, tmp_path):
     assert ck.verify(path).ok
 
 
-@pytest.fixture(scope="module")
-def saved_at_2(ray_local_module, tmp_path_factory):
-    """A run of 2 workers saving steps 0..3; the full model saved at step 3."""
-    root = tmp_path_factory.mktemp("reshard")
-    at3 = str(root / "at3.pt")
-    _fit(root, "reshard", steps=4, dump_at={3: at3})
-    return root / "reshard", torch.load(at3, weights_only=True)
-
-
 @pytest.mark.parametrize("workers", [1, 3])
-def test_reshard_on_restart_at_another_size(saved_at_2, tmp_path, workers):
-    run_dir, at3 = saved_at_2
-    shutil.copytree(run_dir, tmp_path / "reshard")
+def test_reshard_on_restart_at_another_size(clean, tmp_path, workers):
+    _copy(clean, tmp_path, "reshard")  # saved by 2 ranks, steps 0..5
     after_load = str(tmp_path / "after_load.pt")
-    _, events, _ = _fit(tmp_path, "reshard", workers=workers, steps=6, after_load=after_load)
-    assert _equal(torch.load(after_load, weights_only=True), at3)
+    _, events, _ = _fit(tmp_path, "reshard", workers=workers, steps=STEPS + 2,
+                        after_load=after_load)
+    at5 = torch.load(clean.dumps[STEPS - 1], weights_only=True)
+    assert _equal(torch.load(after_load, weights_only=True), at5)
     restored = [e for e in events if e["kind"] == "restored"]
     assert restored[-1]["saved_world_size"] == 2 and "resharded to" in restored[-1]["detail"]
     committed = [e["step"] for e in events if e["kind"] == "checkpoint_committed"]
-    assert committed[-2:] == [4, 5]  # training continued at the new size
+    assert committed[-2:] == [STEPS, STEPS + 1]  # training continued at the new size
 
 
 def _flip_byte(path):
@@ -138,7 +143,7 @@ def _flip_byte(path):
 
 
 def test_damaged_and_forged_dcp_checkpoints_are_rejected_and_an_older_one_loads(
-        ray_local_module, tmp_path):
+        clean, tmp_path):
     """Each of the four newest checkpoints is damaged in its own way: a flipped byte, a
     missing ``.metadata``, a truncated shard, and (someone with write access to the run
     directory) a ``dcp/.metadata`` replaced by a pickle that runs a command, its manifest
@@ -147,9 +152,7 @@ def test_damaged_and_forged_dcp_checkpoints_are_rejected_and_an_older_one_loads(
     loop), and the command never runs in any worker."""
     from rayguard.testing.forge import command_pickle, forge_file
 
-    at1 = str(tmp_path / "at1.pt")
-    _, events, run = _fit(tmp_path, "damaged", steps=6, dump_at={1: at1})
-    by_step = {e["step"]: e["path"] for e in events if e["kind"] == "checkpoint_committed"}
+    by_step = _copy(clean, tmp_path, "damaged")
     _flip_byte(os.path.join(by_step[5], "dcp", "__1_0.distcp"))
     os.remove(os.path.join(by_step[4], "dcp", ".metadata"))
     with open(os.path.join(by_step[3], "dcp", "__0_0.distcp"), "r+b") as f:
@@ -167,7 +170,8 @@ def test_damaged_and_forged_dcp_checkpoints_are_rejected_and_an_older_one_loads(
     restored = [e for e in events if e["kind"] == "restored"]
     assert [e["path"] for e in restored] == [by_step[1]]  # loaded once: no crash loop
     assert "restart" not in _kinds(events)
-    assert _equal(torch.load(after_load, weights_only=True), torch.load(at1, weights_only=True))
+    assert _equal(torch.load(after_load, weights_only=True),
+                  torch.load(clean.dumps[1], weights_only=True))
 
 
 def test_dtensor_in_plain_state_names_sharded(ray_local_module, tmp_path):

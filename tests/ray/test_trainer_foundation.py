@@ -10,20 +10,28 @@ from ray.train import FailureConfig, RunConfig
 import rayguard
 from rayguard.events import read as read_events
 from rayguard.testing.recorder import RecordReports, make_trainer, read_reports
+from rayguard.train.seeding import rank_seed
 
 
 def _loop(config):
     import random
 
     import numpy as np
+    import ray.train
     import torch
 
     ctx = rayguard.train.get_context()
     draws = [random.random(), float(np.random.rand()), float(torch.rand(1))]
+    try:  # no datasets were given: Ray's own error, with no DatasetManager actor behind it
+        ray.train.get_dataset_shard("train")
+        shard_error = None
+    except KeyError as exc:
+        shard_error = str(exc)
     with open(f"{config['out']}/rank{ctx.rank}.json", "w") as f:
         json.dump({"rank": ctx.rank, "local_rank": ctx.local_rank, "world": ctx.world_size,
                    "seed": ctx.seed, "attempt": ctx.attempt, "device": str(ctx.device),
-                   "draws": draws, "lr": config["lr"], "run_dir": ctx.run_dir}, f)
+                   "draws": draws, "lr": config["lr"], "run_dir": ctx.run_dir,
+                   "shard_error": shard_error}, f)
     for step in range(config["steps"]):
         rayguard.train.report({"loss": 1.0 / (step + 1), "step": step, "rank": ctx.rank})
 
@@ -48,17 +56,30 @@ def test_context_seeding_and_every_report_in_order(ray_local, tmp_path):
     assert ranks[0]["seed"] != ranks[1]["seed"]
     assert ranks[0]["draws"] != ranks[1]["draws"]  # distinct per rank
     assert ranks[0]["run_dir"] == result.path
+    assert all("Dataset shard for 'train' not found" in r["shard_error"] for r in ranks), ranks
     # Ray's callbacks saw all 20 reports of both ranks, in order, none lost or duplicated.
     assert [[m["step"] for m in per_rank] for per_rank in reports] == [[s, s] for s in range(20)]
     assert all([m["rank"] for m in per_rank] == [0, 1] for per_rank in reports)
     kinds = [e["kind"] for e in read_events(result.path)]
     assert kinds[0] == "start" and "attempt_started" in kinds and kinds[-1] == "finished"
 
-    # Same seed, same draws (reproducible); another seed, other draws.
-    _, again, _ = _run(tmp_path, "b", steps=2)
-    assert [r["draws"] for r in again] == [r["draws"] for r in ranks]
-    _, other, _ = _run(tmp_path, "c", steps=2, seed=1)
-    assert other[0]["draws"] != ranks[0]["draws"]
+    # Each rank's loop starts with the RNGs of its own seed and nothing drawn from them: the
+    # same seed gives the same draws in any run, another seed others.
+    for r in ranks:
+        assert r["seed"] == rank_seed(0, r["rank"])
+        assert r["draws"] == _draws(r["seed"]) != _draws(rank_seed(1, r["rank"]))
+
+
+def _draws(seed: int) -> list[float]:
+    """What the loop draws first after ``seed_everything(seed)`` (without touching this
+    process's own RNGs)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    return [random.Random(seed).random(), float(np.random.RandomState(seed).rand()),
+            float(torch.rand(1, generator=torch.Generator().manual_seed(seed)))]
 
 
 def test_default_restart_budget_and_explicit_failure_config_respected(tmp_path):

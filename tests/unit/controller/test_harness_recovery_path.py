@@ -157,7 +157,7 @@ def test_a_failure_after_the_live_attempt_committed_is_a_new_loss(harness):
 
 
 def test_replica_groups_replace_the_failed_rank_alone_without_a_new_attempt(harness):
-    # tests/ray/test_torchft.py::test_rank1_replaced_rank0_keeps_its_process (its path)
+    # tests/ray/test_torchft.py::test_rank1_killed_then_failing_is_replaced_alone_twice_rank0_keeps_its_process (its path)
     from ray.train.v2.torch.torchft_config import TorchftConfig
 
     h = harness(until(10, kill_at(1, 5)), num_workers=2,
@@ -193,3 +193,33 @@ def test_every_rank_failing_under_live_recovery_restarts_and_says_why(harness):
     h = harness(until(6, both), num_workers=2, guard=live()).run()
     assert h.state == "FINISHED" and paths(h) == [(None, None)]
     assert "every rank failed" in h.events("restart")[0]["fallback"]
+
+
+def test_a_replica_group_replacement_that_fails_is_not_given_its_predecessors_cause(harness):
+    """A replica-group replacement runs in the attempt its predecessor ran in: the mark the
+    watchdog left when it killed the predecessor (``killed by rayguard: stall``) is not the
+    cause of the replacement's own failure, an exception of the loop."""
+    from ray.train.v2.torch.torchft_config import TorchftConfig
+
+    hung, raised = [], []
+
+    def loop(w):
+        if w.rank == 1 and w.step == 3 and not hung:
+            hung.append(w)
+            return w.hang()  # the first process of rank 1 stalls: the watchdog kills it
+        if w.rank == 1 and hung and w is not hung[0] and w.step == 2 and not raised:
+            raised.append(w)
+            raise ValueError("my bug")  # its replacement raises, once
+        if w.step + 1 >= 10:
+            return w.finish()
+        w.report(loss=1.0)
+
+    h = harness(loop, num_workers=2, guard=live(stall_timeout_s=2.0),
+                failure_config=FailureConfig(max_failures=3),
+                torch_config=TorchftConfig(lighthouse_kwargs={"min_replicas": 2}, backend="gloo"))
+    h.run()
+    died = h.events("worker_died")
+    assert [(e["rank"], e["failure"]) for e in died] == [(1, "hang"), (1, "error")], died
+    assert "killed by rayguard: stall" in died[0]["detail"], died[0]
+    assert "my bug" in died[1]["detail"] and "killed by rayguard" not in died[1]["detail"], died[1]
+    assert paths(h) == [("replica_group", [1])] * 2 and h.state == "FINISHED"
