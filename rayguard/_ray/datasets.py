@@ -16,10 +16,7 @@ where they moved, Ray's callback stays.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-logger = logging.getLogger("rayguard")
 
 try:  # Ray's private classes: the replacement exists only where they are as read
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback

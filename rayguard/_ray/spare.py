@@ -365,6 +365,6 @@ def release_spares(value: str | None = None) -> int:
 
 
 __all__ = ["CUDA_FILE", "FIRST_S", "HOOK", "KEEP_ALIVE_S", "MODULES_FILE", "ORPHAN_S",
-           "SPARE_DIR_ENV", "UNLISTED_S", "claim_process", "ensure_spare", "has_setup_hook", "idle_spares",
-           "import_recorded", "touch", "prestart", "record_modules", "release_spares",
-           "spare_env", "warm"]
+           "SPARE_DIR_ENV", "UNLISTED_S", "claim_process", "ensure_spare", "has_setup_hook",
+           "idle_spares", "import_recorded", "touch", "prestart", "record_modules",
+           "release_spares", "spare_env", "warm"]

@@ -112,12 +112,14 @@ def expected_weights() -> list[float]:
     return w.tolist()
 
 
-def _run(tmp_path, name, guard=None, **config):
+def _run(tmp_path, name, guard=None, checkpoint_config=None, **config):
+    """A trainer of :func:`ray_loop` (``config`` its loop's, ``checkpoint_config`` Ray's
+    ``RunConfig`` one) and the loop's marker folder."""
     marker = tmp_path / f"{name}-markers"
     marker.mkdir()
     trainer = make_trainer(ray_loop, tmp_path, name=name, guard=guard,
                            config={"marker_dir": str(marker), "run_dir": str(tmp_path / name),
-                                   **config})
+                                   **config}, checkpoint_config=checkpoint_config)
     return trainer, marker
 
 
@@ -139,14 +141,10 @@ def test_a_healthy_ray_report_loop_longer_than_both_bounds_keeps_rays_upload_and
 
     guard = rayguard.GuardConfig(health=rayguard.HealthConfig(startup_timeout_s=4,
                                                               stall_timeout_s=4))
-    marker = tmp_path / "markers"
-    marker.mkdir()
-    trainer = make_trainer(ray_loop, tmp_path, name="healthy", guard=guard,
-                           config={"marker_dir": str(marker), "async_upload": True,
-                                   "sleep_s": 0.6},  # ~7 s of steps
-                           checkpoint_config=CheckpointConfig(
-                               num_to_keep=2, checkpoint_score_attribute="loss",
-                               checkpoint_score_order="min"))
+    keep2 = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss",
+                             checkpoint_score_order="min")
+    trainer, marker = _run(tmp_path, "healthy", guard, checkpoint_config=keep2,
+                           async_upload=True, sleep_s=0.6)  # ~7 s of steps
     result = trainer.fit()
     kinds = _kinds(trainer.run_dir)
     assert result.error is None

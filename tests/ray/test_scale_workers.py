@@ -64,7 +64,7 @@ def kill_scenario(tmp_path, workers: int, exact: bool = True) -> dict:
             clean, *_, clean_s = _exact(tmp_path, "clean", workers, None)
         weights, events, entered, steps, fit_s = _exact(
             tmp_path, "kill", workers, f"kill:rank={victim},step={VICTIM_STEP}",
-            spare_after_s=0.0 if exact else 60.0)
+            spare_after_s=0.0 if exact else rayguard.HealthConfig.live_spare_after_s)
     assert clean is None or same_weights(weights, clean)
     kinds = [e["kind"] for e in events]
     assert kinds.count("worker_died") == 1 and kinds[-1] == "finished", kinds
