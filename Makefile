@@ -7,7 +7,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup quickstart test setup-oldest-ray test-oldest-ray test-newest-torch lint bench
+.PHONY: setup quickstart test test-oldest-ray test-newest-torch lint bench
 # First run: creates .venv and installs torch (CPU build), Ray and the test tools; pip's
 # progress is shown. Later runs skip this step (the stamp file is newer than its inputs).
 $(BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
@@ -27,11 +27,11 @@ quickstart: setup
 	$(BIN)/python examples/quickstart.py
 
 # The Ray tests (tests/ray, tests/gpu) run one at a time: each starts Ray clusters that use
-# the machine's cores. The unit tests, single-process and pure, run beside them at the lowest
-# CPU priority, on the cores the Ray tests leave idle (tests/run.sh; their output follows).
+# the machine's cores. The unit tests, single-process and pure, run on every core.
 # --durations: the slowest tests are printed at the end (the suite's time is watched).
 test: setup
-	bash tests/run.sh $(BIN)/python tests --ignore=tests/unit --durations=25
+	$(BIN)/python -m pytest tests --ignore=tests/unit --durations=25
+	$(BIN)/python -m pytest tests/unit -n auto --durations=10
 
 # The oldest Ray rayguard supports (pyproject's ray range starts here).
 OLDEST_RAY ?= 2.59.0
@@ -46,11 +46,10 @@ $(OLD_BIN)/.rayguard-setup: pyproject.toml requirements/constraints.txt
 	$(OLD_BIN)/python -m pip install -q -c requirements/constraints.txt -e ".[test]" "ray==$(OLDEST_RAY)"
 	touch $@
 
-setup-oldest-ray: $(OLD_BIN)/.rayguard-setup
-
 test-oldest-ray: $(OLD_BIN)/.rayguard-setup
 	$(OLD_BIN)/python -c "import ray; assert ray.__version__ == '$(OLDEST_RAY)', ray.__version__"
-	bash tests/run.sh $(OLD_BIN)/python tests/ray -m compat
+	$(OLD_BIN)/python -m pytest tests/unit -n auto
+	$(OLD_BIN)/python -m pytest tests/ray -m compat
 
 # The newest torch tried (docs/compatibility.md#torch-versions): unit tests plus the `compat`
 # end-to-end set in a venv of its own, torch==$(NEWEST_TORCH) in place of the pinned 2.13.
@@ -69,7 +68,8 @@ $(NEW_TORCH_BIN)/.rayguard-setup: pyproject.toml
 
 test-newest-torch: $(NEW_TORCH_BIN)/.rayguard-setup
 	$(NEW_TORCH_BIN)/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(NEWEST_TORCH)', v"
-	bash tests/run.sh $(NEW_TORCH_BIN)/python tests/ray -m compat
+	$(NEW_TORCH_BIN)/python -m pytest tests/unit -n auto
+	$(NEW_TORCH_BIN)/python -m pytest tests/ray -m compat
 
 lint: setup
 	$(BIN)/ruff check rayguard tests examples
