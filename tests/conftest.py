@@ -52,6 +52,25 @@ def ray_local_module():
     yield ray
 
 
+EXACT_STEPS = 10
+"""The steps of the recovery tests' fault-free reference run (``exact_clean``)."""
+
+
+@pytest.fixture(scope="session")
+def exact_clean(tmp_path_factory):
+    """Rank 0's final weights of :func:`rayguard.testing.exact_loop.exact_loop` run for
+    ``EXACT_STEPS`` on 2 workers without faults (seed 0): the run every exact-recovery test
+    of that loop compares with, made once per session on the shared cluster (its weights do
+    not depend on the recovery path or checkpoint mode: the tests' runs prove that)."""
+    from rayguard.testing.exact_loop import fit_exact
+
+    start_local_ray()
+    weights, events, _ = fit_exact(tmp_path_factory.mktemp("exact-clean"), "clean",
+                                   steps=EXACT_STEPS)
+    assert "restart" not in [e["kind"] for e in events]
+    return weights
+
+
 @pytest.fixture
 def no_ray():
     """Tests that must start their own cluster call this first."""
@@ -124,10 +143,12 @@ hang; a real hang still fails, at 15 minutes."""
 
 
 def pytest_collection_modifyitems(config, items):
-    # Tests that start their own cluster (``no_ray``) shut the shared one down, and the next
+    # Tests that start their own cluster (``no_ray``, or an ``own_cluster`` module that
+    # restarts the local one with its own settings) shut the shared one down, and the next
     # ``ray_local`` test starts it again: they run last, in their files' order, so the shared
     # cluster starts once.
-    items.sort(key=lambda item: "no_ray" in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: 2 * ("no_ray" in getattr(item, "fixturenames", ()))
+               + (item.get_closest_marker("own_cluster") is not None))
     for item in items:
         if "tests/ray/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))

@@ -15,6 +15,8 @@ import pytest
 import rayguard.doctor as doctor
 
 pytestmark = pytest.mark.slow
+# The tests on the module's multi-node cluster (the shared one shut down) are marked
+# own_cluster: they run after the shared cluster's tests (tests/conftest.py).
 
 BAD_IFNAME_NODE = {"NCCL_SOCKET_IFNAME": "nosuch0", "PYTHONPATH": "/nonexistent/rayguard-extra"}
 DEBUG_NODE = {"NCCL_DEBUG": "INFO", "RAYGUARD_FAULT": "kill:rank=0,step=1"}
@@ -53,6 +55,7 @@ def _by_code(report: doctor.DoctorReport) -> dict[str, list[doctor.Finding]]:
     return out
 
 
+@pytest.mark.own_cluster
 def test_four_nodes_per_node_and_cross_node_findings(cluster, tmp_path):
     import ray
 
@@ -91,6 +94,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.own_cluster
 def test_cli_json_against_the_cluster(cluster):
     start = time.monotonic()
     proc = _cli("--json", "--address", cluster.address)

@@ -84,11 +84,19 @@ class Recorder(transformers.TrainerCallback):
 
 
 class SlowSteps(transformers.TrainerCallback):
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    """Each step waits ``seconds``; with ``first_run_only``, not in a run resumed from a
+    checkpoint (the sweep has acted: the resumed trial runs at full speed)."""
+
+    def __init__(self, seconds: float, first_run_only: bool = False) -> None:
+        self.seconds, self.first_run_only = seconds, first_run_only
+        self.resumed = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.resumed = self.first_run_only and state.global_step > 0
 
     def on_step_end(self, args, state, control, **kwargs):
-        time.sleep(self.seconds)
+        if not self.resumed:
+            time.sleep(self.seconds)
 
 
 class KillAt(transformers.TrainerCallback):
@@ -261,7 +269,7 @@ def trial_fn(config):
         example.train_func,
         train_loop_config={
             "max_steps": 20, "save_steps": SAVE,
-            "callbacks": [SlowSteps(0.4), Recorder(config["log"])],
+            "callbacks": [SlowSteps(0.4, first_run_only=True), Recorder(config["log"])],
             "model_fn": functools.partial(nan_gpt2, config["marker"], 6)},
         scaling_config=ScalingConfig(num_workers=1),
         run_config=RunConfig(storage_path=config["storage"], name="inner",

@@ -65,7 +65,7 @@ def _diagnose(tmp_path, name, num_workers, culprit, mismatch=False):
 
 
 # 4 workers only: at 2 the one rank waiting is the culprit's only peer (the live test's hang,
-# tests/ray/test_live_replace.py::test_hang_with_the_gil_released, names rank 1 of 2)
+# tests/ray/test_live_replace.py::test_killed_and_hung_workers_are_replaced_alone (its hang), names rank 1 of 2)
 @pytest.mark.parametrize("num_workers,culprit", [(4, 2)])
 def test_a_rank_that_never_enters_the_collective_is_the_culprit(ray_local_module, tmp_path,
                                                                 num_workers, culprit):

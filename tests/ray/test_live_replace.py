@@ -11,10 +11,10 @@ import torch
 
 import rayguard
 from rayguard.events import read as read_events
-from rayguard.testing.exact_loop import exact_loop, fit_exact, same_weights
+from rayguard.testing.exact_loop import exact_loop, fit_exact, read_lines, same_weights
 from rayguard.testing.recorder import make_trainer
 
-STEPS = 10
+STEPS = 10  # the steps of the session's fault-free run (tests/conftest.py, exact_clean)
 
 
 def _fit(tmp_path, name, faults=None, recovery="live", memory_tier=False, num_workers=2,
@@ -24,40 +24,53 @@ def _fit(tmp_path, name, faults=None, recovery="live", memory_tier=False, num_wo
 
 
 @pytest.fixture(scope="module")
-def clean(ray_local_module, tmp_path_factory):
-    weights, events, _ = _fit(tmp_path_factory.mktemp("clean"), "clean")
-    assert "restart" not in [e["kind"] for e in events]
-    return weights
+def clean(ray_local_module, exact_clean):
+    """The fault-free run's weights (one run for this file and test_rollback_live.py)."""
+    return exact_clean
 
 
 @pytest.mark.compat  # Ray's replica-group replacement is an internal: the oldest Ray too
-def test_killed_workers_are_replaced_alone_rank_1_then_rank_0(clean, tmp_path):
-    """Two kills in one run: rank 1 at step 3, then (in the live attempt) rank 0 at step 7.
-    Each is replaced alone while the other keeps its process, both load the last commit,
-    and the weights end as without the kills."""
-    weights, events, entered = _fit(tmp_path, "kills",
-                                    faults="kill:rank=1,step=3;kill:rank=0,step=7,attempt=1")
+def test_killed_and_hung_workers_are_replaced_alone(clean, tmp_path):
+    """Three faults in one run, one per attempt: rank 1 killed at step 3, rank 0 killed at
+    step 7, then rank 1 asleep in step 8 with the GIL released (its watchdog ends it after
+    the stall bound; rank 0, waiting in the all-reduce, rejoins). Each is replaced alone
+    while the other keeps its process, both load the last commit, and the weights end as
+    without the faults."""
+    out, log = str(tmp_path / "kills.pt"), str(tmp_path / "kills.jsonl")
+    guard = rayguard.GuardConfig(
+        seed=0, numa="off", recovery="live",
+        faults="kill:rank=1,step=3;kill:rank=0,step=7,attempt=1;hang:rank=1,step=8,attempt=2",
+        health=rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120))
+    result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out, "log": log},
+                          guard=guard, name="kills").fit()
+    weights, events = torch.load(out, weights_only=True), read_events(result.path)
+    entered = read_lines(log)
     assert same_weights(weights, clean)
     kinds = [e["kind"] for e in events]
-    assert kinds.count("worker_died") == 2 and kinds[-1] == "finished", kinds
+    assert kinds.count("worker_died") == 3 and kinds[-1] == "finished", kinds
     restarts = [e for e in events if e["kind"] == "restart"]
-    assert [(e["path"], e["ranks"]) for e in restarts] == [("live", [1]), ("live", [0])], restarts
+    assert [(e["path"], e["ranks"], e["cause"]) for e in restarts] == [
+        ("live", [1], "kill"), ("live", [0], "kill"), ("live", [1], "hang")], restarts
+    assert [e["rank"] for e in events if e["kind"] == "stall_detected"] == [1]
+    assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1, 0, 1]
     started = [e for e in events if e["kind"] == "attempt_started"]
-    assert [(e["attempt"], e.get("path")) for e in started][1:] == [(1, "live"), (2, "live")]
+    assert [(e["attempt"], e.get("path")) for e in started][1:] == [
+        (1, "live"), (2, "live"), (3, "live")]
     by_rank = {r: [e for e in entered if e["rank"] == r] for r in (0, 1)}
-    assert [[e["attempt"] for e in by_rank[r]] for r in (0, 1)] == [[0, 1, 2]] * 2, entered
+    assert [[e["attempt"] for e in by_rank[r]] for r in (0, 1)] == [[0, 1, 2, 3]] * 2, entered
     pids = {r: [e["pid"] for e in by_rank[r]] for r in (0, 1)}
-    # rank 1 replaced at attempt 1 and kept at 2; rank 0 kept at 1 and replaced at 2
-    assert pids[1][0] != pids[1][1] == pids[1][2], pids
-    assert pids[0][0] == pids[0][1] != pids[0][2], pids
+    # rank 1 replaced at attempts 1 and 3, kept at 2; rank 0 replaced at 2, kept at 1 and 3
+    assert pids[1][0] != pids[1][1] == pids[1][2] != pids[1][3], pids
+    assert pids[0][0] == pids[0][1] != pids[0][2] == pids[0][3], pids
     for attempt, step, ckpt in ((1, 2, "checkpoint_000000002_a0"),
-                                (2, 6, "checkpoint_000000006_a1")):
+                                (2, 6, "checkpoint_000000006_a1"),
+                                (3, 7, "checkpoint_000000007_a2")):
         for r in (0, 1):
             e = by_rank[r][attempt]
             assert e["loaded_step"] == step and e["ray_checkpoint"] == ckpt, (r, e)
     from rayguard.observe.goodput import goodput
 
-    assert goodput(events).replayed_steps <= 2  # at most the steps the kills cut short
+    assert goodput(events).replayed_steps <= 3  # at most the steps the faults cut short
 
 
 def test_exception_on_one_rank_replaces_it_alone(clean, tmp_path):
@@ -108,24 +121,6 @@ def test_second_kill_during_recovery(clean, tmp_path):
     rank0 = [e for e in entered if e["rank"] == 0]
     if paths == ["live", "live"]:
         assert len({e["pid"] for e in rank0}) == 1, entered
-
-
-def test_hang_with_the_gil_released(clean, tmp_path):
-    # Rank 1 sleeps in its step (the GIL released): the hang diagnosis names it, its
-    # watchdog ends it, and it alone is replaced; rank 0, waiting in the all-reduce, rejoins.
-    health = rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120)
-    out, log = str(tmp_path / "hang.pt"), str(tmp_path / "hang.jsonl")
-    guard = rayguard.GuardConfig(seed=0, faults="hang:rank=1,step=5", numa="off",
-                                 recovery="live", health=health)
-    result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out, "log": log},
-                          guard=guard, name="hang").fit()
-    events = read_events(result.path)
-    assert same_weights(torch.load(out, weights_only=True), clean)
-    restarts = [e.get("path") for e in events if e["kind"] == "restart"]
-    assert restarts == ["live"], restarts
-    stalled = [e["rank"] for e in events if e["kind"] == "stall_detected"]
-    assert stalled == [1], stalled
-    assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1]
 
 
 def spare_loop(config):

@@ -27,6 +27,9 @@ from rayguard.events import read as read_events
 from rayguard.testing.cluster import SimulatedCluster, wait_for
 from rayguard.testing.coordinator import memory_copies
 
+# its own simulated cluster (the shared one shut down): run after the shared cluster's tests
+pytestmark = pytest.mark.own_cluster
+
 STEPS = 12
 HOLDS = (4, 6, 8, 10)
 """After committing each of these steps the run waits until the test has acted on its copies

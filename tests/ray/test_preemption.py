@@ -79,7 +79,7 @@ def test_should_checkpoint_paces_checkpoints_at_the_interval_on_every_rank(ray_l
 
     interval_s = 1.0
     result = rayguard.RobustTrainer(
-        paced_loop, train_loop_config={"steps": 60, "step_s": 0.1, "out": str(tmp_path)},
+        paced_loop, train_loop_config={"steps": 30, "step_s": 0.1, "out": str(tmp_path)},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=str(tmp_path), name="paced"),
         guard_config=rayguard.GuardConfig(numa="off", checkpoint=rayguard.CheckpointConfig(

@@ -27,7 +27,7 @@ from rayguard.events import read as read_events
 from rayguard.testing.recorder import make_trainer
 
 STEPS = 11
-STALL_S = 8.0
+STALL_S = 5.0  # the hang's cost: still many of these steps (each a sync checkpoint)
 
 
 def exact_loop(config):
@@ -158,7 +158,8 @@ def test_sync_faults_in_sequence_resume_exactly(clean, tmp_path):
     assert not _of(a[5], "restart")
 
 
-@pytest.mark.compat  # also run on the oldest supported Ray: a kill that resumes exactly
+# not in the oldest-Ray set: the sync fit above is its kill that resumes exactly, and the
+# async writer is rayguard's own thread behind the same ray.train.report
 def test_async_faults_in_sequence_resume_exactly(clean, tmp_path):
     # rank 0, the writer of the replicated state, killed while its step-2 checkpoint may still
     # be persisting in the background (a hang's end is the same SIGKILL: the sync fit's)

@@ -13,7 +13,7 @@ from rayguard.events import read as read_events
 from rayguard.testing.exact_loop import exact_loop, fit_exact, same_weights
 from rayguard.testing.recorder import make_trainer
 
-STEPS = 8
+STEPS = 10  # the steps of the session's fault-free run (tests/conftest.py, exact_clean)
 
 
 def _fit(tmp_path, name, faults=None, mode="sync", memory_tier=False, recovery="live"):
@@ -22,10 +22,9 @@ def _fit(tmp_path, name, faults=None, mode="sync", memory_tier=False, recovery="
 
 
 @pytest.fixture(scope="module")
-def clean(ray_local_module, tmp_path_factory):
-    weights, events, _ = _fit(tmp_path_factory.mktemp("clean"), "clean")
-    assert "restart" not in [e["kind"] for e in events]
-    return weights
+def clean(ray_local_module, exact_clean):
+    """The fault-free run's weights (one run for this file and test_live_replace.py)."""
+    return exact_clean
 
 
 # (sync, disk) is the frameworks' faults runs' rollback (tests/ray/test_frameworks_*.py):

@@ -36,7 +36,7 @@ def guard(**health):
 
 
 def test_a_deterministic_bug_ends_after_one_repeat(harness):
-    # tests/ray/test_crash_loop.py::test_a_deterministic_bug_ends_after_one_repeat_with_the_users_exception
+    # tests/ray/test_crash_loop.py::test_a_transient_error_recovers_and_a_deterministic_bug_then_ends_after_one_repeat
     h = harness(bug, num_workers=2, guard=guard()).run()
     assert h.state == "ERRORED" and attempts(h) == [0, 1]  # one retry of Ray's 3
     assert isinstance(h.error, WorkerGroupError)
@@ -78,7 +78,7 @@ def test_an_unsaveable_state_is_never_retried(harness):
 
 
 def test_a_transient_error_still_recovers(harness):
-    # tests/ray/test_crash_loop.py::test_a_transient_error_still_recovers
+    # tests/ray/test_crash_loop.py::test_a_transient_error_recovers_and_a_deterministic_bug_then_ends_after_one_repeat (attempt 0)
     def transient(w):
         if w.attempt == 0 and w.step == 2:
             raise ConnectionError("flaky storage")

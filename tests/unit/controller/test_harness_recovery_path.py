@@ -49,7 +49,7 @@ def paths(h):
 
 
 def test_a_killed_worker_is_replaced_alone(harness):
-    # tests/ray/test_live_replace.py::test_killed_workers_are_replaced_alone_rank_1_then_rank_0
+    # tests/ray/test_live_replace.py::test_killed_and_hung_workers_are_replaced_alone
     h = harness(until(10, kill_at(1, 5)), num_workers=2, guard=live()).run()
     assert h.state == "FINISHED" and paths(h) == [("live", [1])]
     first, replaced = h.groups
