@@ -68,10 +68,44 @@ def test_a_link_or_a_missing_file_is_an_error_not_followed(tmp_path):
     assert isinstance(link, OSError) and isinstance(missing, FileNotFoundError)
 
 
-def test_the_pacer_keeps_cpu_bound_batches_here_and_sends_waiting_ones_to_the_pool():
-    busy = Pacer(probe_batches=2)
+class _Clocks:
+    """Stands in for the ``time`` module the pacer reads: each batch takes ``wall`` s of wall
+    time and ``cpu`` s of this thread's CPU time (a loaded machine cannot stretch them)."""
+
+    def __init__(self, wall: float, cpu: float) -> None:
+        self.wall_step, self.cpu_step = wall, cpu
+        self.wall = self.cpu = 0.0
+        self.calls = 0
+
+    def perf_counter(self) -> float:
+        self.calls += 1
+        if self.calls % 2 == 0:  # the second reading of a batch: the batch has run
+            self.wall += self.wall_step
+        return self.wall
+
+    def thread_time(self) -> float:
+        if self.calls % 2 == 0:
+            self.cpu += self.cpu_step
+        return self.cpu
+
+
+@pytest.mark.parametrize(("wall", "cpu", "here"), [(1.0, 1.0, True), (3.9, 1.0, True),
+                                                   (4.1, 1.0, False), (1.0, 0.0, False)])
+def test_the_pacer_decides_from_wall_time_over_cpu_time(monkeypatch, wall, cpu, here):
+    monkeypatch.setattr(file_digests, "time", _Clocks(wall, cpu))
+    pacer = Pacer(probe_batches=2)
+    assert pacer.run(sum, [1]) == 1 and pacer.here  # still probing
     for _ in range(3):
-        busy.run(sum, range(200_000))  # CPU in this thread
+        pacer.run(sum, [1])
+    assert pacer.here is here
+
+
+def test_the_pacer_keeps_cpu_bound_batches_here_and_sends_waiting_ones_to_the_pool():
+    # CPU in this thread: the decision from the real clocks when the machine is quiet (on a
+    # loaded one, wall time stretches: the decision itself is proved on fixed clocks above)
+    busy = Pacer(probe_batches=2, wait_ratio=50.0)
+    for _ in range(3):
+        busy.run(sum, range(200_000))
     assert busy.here
     waiting = Pacer(probe_batches=2)
     assert waiting.run(time.sleep, 0.02) is None and waiting.here  # still probing
