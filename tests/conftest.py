@@ -1,7 +1,9 @@
 """Shared fixtures. Ray start-up costs seconds, so one local cluster serves every test that
 needs a plain one; multi-node tests shut it down and start their own
-(``ray.cluster_utils.Cluster``): they are run after all the others (see
-``pytest_collection_modifyitems``), so the shared cluster is started once.
+(``ray.cluster_utils.Cluster``), as do modules marked ``own_cluster`` (a local instance with
+settings of their own): they are run after all the others (see
+``pytest_collection_modifyitems``), so the shared cluster is started once. The exact-recovery
+tests share one fault-free run (``exact_clean``).
 """
 
 from __future__ import annotations
