@@ -44,15 +44,17 @@ logger = logging.getLogger("rayguard")
 
 def _with_restart_budget(run_config: RunConfig | None,
                          guard: GuardConfig) -> tuple[RunConfig, str | None]:
-    """Ray's default is no restart at all; when the FailureConfig is Ray's default, allow
-    ``guard.health.max_restarts`` (a copy: the caller's ``RunConfig`` is never changed).
-    Returns the run config and, when rayguard chose the budget, a note saying so."""
+    """Ray's default is no restart; a ``max_failures`` of 0 (Ray's default: it cannot be told
+    from "not set") becomes ``guard.health.max_restarts``, the FailureConfig's other fields
+    kept, in a copy: the caller's ``RunConfig`` is never changed. Returns the run config and,
+    when rayguard chose the budget, a note saying so."""
     run_config = copy.copy(run_config) if run_config is not None else RunConfig()
     # what fit() writes into (the workers' env_vars) is the copy's own, never the caller's
     run_config.worker_runtime_env = copy.deepcopy(run_config.worker_runtime_env)
-    if run_config.failure_config != FailureConfig() or guard.health.max_restarts == 0:
+    run_config.failure_config = failure = copy.copy(run_config.failure_config or FailureConfig())
+    if failure.max_failures != 0 or guard.health.max_restarts == 0:
         return run_config, None
-    run_config.failure_config = FailureConfig(max_failures=guard.health.max_restarts)
+    failure.max_failures = guard.health.max_restarts
     return run_config, (
         f"up to {guard.health.max_restarts} restarts (HealthConfig.max_restarts): "
         "FailureConfig(max_failures=0) is Ray's default and reads as unset; for no restarts "
@@ -87,8 +89,7 @@ class RobustTrainer(GuardHooksTrainer):
         """Rank 0's last reported metrics once ``fit()`` returned or raised (Ray's
         ``Result.metrics`` holds only the metrics reported with the last checkpoint)."""
         self.last_goodput: Any = None
-        """The last ``fit()``'s goodput (:class:`rayguard.observe.goodput.Goodput`, from its
-        event log), also the driver's last line."""
+        """The last ``fit()``'s goodput (:class:`rayguard.observe.goodput.Goodput`)."""
         self._live = apply_live(guard_config, kwargs)
         self._user_worker_env: Any = None
         self._uploader: LogUploader | None = None

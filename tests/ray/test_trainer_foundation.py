@@ -89,6 +89,13 @@ def test_default_restart_budget_and_explicit_failure_config_respected(tmp_path):
     t2 = rayguard.RobustTrainer(_loop, run_config=RunConfig(
         storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)))
     assert t2.run_config.failure_config.max_failures == 1
+    # A FailureConfig set for another field only: max_failures=0 is Ray's default, so the
+    # budget applies and the field set is kept (the run once never restarted, silently).
+    other = FailureConfig(controller_failure_limit=0)
+    t3 = make_trainer(_loop, tmp_path, failure_config=other)
+    assert t3.run_config.failure_config.max_failures == 3
+    assert t3.run_config.failure_config.controller_failure_limit == 0
+    assert other.max_failures == 0  # the caller's own is not changed
 
 
 def test_bad_guard_config_is_a_clear_error():
