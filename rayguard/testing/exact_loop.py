@@ -76,11 +76,11 @@ def exact_loop(config: dict[str, Any]) -> None:
 
 def fit_exact(tmp_path: Any, name: str, *, steps: int, faults: str | None = None,
               recovery: Any = "live", mode: Any = "sync", memory_tier: bool = False,
-              num_workers: int = 2, **run_kwargs: Any) -> tuple[Any, list[dict[str, Any]],
-                                                                list[dict[str, Any]]]:
-    """Run :func:`exact_loop` for ``steps`` under ``RobustTrainer`` (seed 0, NUMA off) in
-    ``tmp_path``; returns rank 0's final weights, the run's events and the entries of
-    every rank into the function."""
+              num_workers: int = 2, health: Any = None,
+              **run_kwargs: Any) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run :func:`exact_loop` for ``steps`` under ``RobustTrainer`` (seed 0, NUMA off; a
+    ``rayguard.HealthConfig`` when given) in ``tmp_path``; returns rank 0's final weights,
+    the run's events and the entries of every rank into the function."""
     import torch
 
     import rayguard
@@ -90,7 +90,8 @@ def fit_exact(tmp_path: Any, name: str, *, steps: int, faults: str | None = None
     out, log = str(tmp_path / f"{name}.pt"), str(tmp_path / f"{name}.jsonl")
     guard = rayguard.GuardConfig(seed=0, faults=faults, numa="off", recovery=recovery,
                                  checkpoint=rayguard.CheckpointConfig(mode=mode,
-                                                                      memory_tier=memory_tier))
+                                                                      memory_tier=memory_tier),
+                                 **({"health": health} if health is not None else {}))
     result = make_trainer(exact_loop, tmp_path, config={"steps": steps, "out": out, "log": log},
                           guard=guard, name=name, num_workers=num_workers, **run_kwargs).fit()
     return torch.load(out, weights_only=True), read_events(result.path), read_lines(log)

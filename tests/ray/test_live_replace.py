@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 import rayguard
 from rayguard.events import read as read_events
-from rayguard.testing.exact_loop import exact_loop, fit_exact, read_lines, same_weights
+from rayguard.testing.exact_loop import fit_exact, same_weights
 from rayguard.testing.recorder import make_trainer
 
 STEPS = 10  # the steps of the session's fault-free run (tests/conftest.py, exact_clean)
@@ -36,15 +35,10 @@ def test_killed_and_hung_workers_are_replaced_alone(clean, tmp_path):
     the stall bound; rank 0, waiting in the all-reduce, rejoins). Each is replaced alone
     while the other keeps its process, both load the last commit, and the weights end as
     without the faults."""
-    out, log = str(tmp_path / "kills.pt"), str(tmp_path / "kills.jsonl")
-    guard = rayguard.GuardConfig(
-        seed=0, numa="off", recovery="live",
+    weights, events, entered = _fit(
+        tmp_path, "kills",
         faults="kill:rank=1,step=3;kill:rank=0,step=7,attempt=1;hang:rank=1,step=8,attempt=2",
         health=rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120))
-    result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out, "log": log},
-                          guard=guard, name="kills").fit()
-    weights, events = torch.load(out, weights_only=True), read_events(result.path)
-    entered = read_lines(log)
     assert same_weights(weights, clean)
     kinds = [e["kind"] for e in events]
     assert kinds.count("worker_died") == 3 and kinds[-1] == "finished", kinds
