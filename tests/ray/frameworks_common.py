@@ -19,6 +19,11 @@ import ray.cloudpickle as cloudpickle
 
 ROOT = Path(__file__).resolve().parents[2]
 
+LIVE_WAIT_S = 120.0
+"""``HealthConfig(live_wait_s=)`` of the faults runs: a replacement importing its framework in
+a new process took over the default 30 s on the 2-core machine with a 16-worker run beside it,
+and the run then rightly restarted the whole group; what these runs prove is the live path."""
+
 
 def load(name: str, path: Path) -> ModuleType:
     """``path`` imported as module ``name``, pickled by value (workers cannot import it)."""

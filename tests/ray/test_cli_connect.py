@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -80,10 +83,12 @@ def token_home(tmp_path_factory: pytest.TempPathFactory, auth_token: str) -> str
 
 
 @pytest.fixture(scope="module")
-def auth_cluster(tmp_path_factory: pytest.TempPathFactory, auth_token: str) -> Iterator[str]:
+def auth_cluster(auth_token: str) -> Iterator[str]:
     """A real one-node Ray 2.60 cluster with token authentication (RAY_AUTH_MODE=token),
     in its own process group and temp dir; stopped by killing that group only."""
-    temp_dir = tmp_path_factory.mktemp("ray-auth")
+    # Not under tmp_path: Ray's socket paths under it (session folder and all) must stay
+    # within the 107 bytes a Unix socket's path may have, and pytest's folder is deep.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-auth-"))
     port = _free_port()
     env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=auth_token, RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.Popen(
@@ -109,6 +114,7 @@ def auth_cluster(tmp_path_factory: pytest.TempPathFactory, auth_token: str) -> I
             os.killpg(proc.pid, signal.SIGKILL)  # the cluster's processes, nobody else's
         except ProcessLookupError:
             pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_doctor_closed_port_exits_2_with_a_clear_message():

@@ -69,6 +69,15 @@ def test_a_nodes_ranks_gather_through_its_agent_once(coordinator):
 
     name = agent_name(actor_id(coordinator), "sim-0")
     assert actor_id(ray.get_actor(name)) == actor_id(agents[0])
+    # A node's batch goes when all its ranks are in, or a few ms after the first: on a loaded
+    # machine the test's four calls can arrive further apart, so the window is made long
+    # here and "once" is the all-ranks-in rule's (the window's is proved in tests/unit).
+    assert ray.get([a.sent.remote() for a in agents]) == [0, 0]  # the body made, on its loop
+
+    def long_window(agent) -> None:
+        agent._aggregator.flush_s = 60.0
+
+    ray.get([a.__ray_call__.remote(long_window) for a in agents])
     refs = [agents[r // 4].gather.remote("a0:commit", r, 8, f"rec{r}", 120.0, False, 4, 0)
             for r in range(8)]
     out = ray.get(refs, timeout=120)

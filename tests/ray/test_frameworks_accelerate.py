@@ -186,7 +186,8 @@ def faults(ray_local_module, tmp_path_factory):
     log, run_dir = str(tmp / "steps.jsonl"), str(tmp / "faults")
     hooks = [Record(log), KillAt(1, {12: False, 22: True}, str(tmp), run_dir),
              NanAt(27, str(tmp / "nan-fired"))]
-    result, _ = _fit(tmp, "faults", hooks=hooks, guard=rayguard.GuardConfig(recovery="live"))
+    result, _ = _fit(tmp, "faults", hooks=hooks, guard=rayguard.GuardConfig(
+        recovery="live", health=rayguard.HealthConfig(live_wait_s=common.LIVE_WAIT_S)))
     return common.FaultsRun(result, run_dir, log, str(tmp))
 
 

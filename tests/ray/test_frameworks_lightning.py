@@ -162,7 +162,8 @@ def faults(ray_local_module, tmp_path_factory):
     killer = KillAt(1, {2: False, 4: True}, str(tmp), run_dir)
     module = functools.partial(NanOnce, str(tmp / "nan-fired"), NAN_AT)
     result, _ = _fit(tmp, "faults", callbacks=[Recorder(log), killer], module_fn=module,
-                     guard=rayguard.GuardConfig(recovery="live"))
+                     guard=rayguard.GuardConfig(recovery="live", health=rayguard.HealthConfig(
+                         live_wait_s=common.LIVE_WAIT_S)))
     return common.FaultsRun(result, run_dir, log, str(tmp))
 
 

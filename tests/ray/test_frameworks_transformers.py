@@ -202,7 +202,8 @@ def faults(ray_local_module, tmp_path_factory):
     log, run_dir = str(tmp / "steps.jsonl"), str(tmp / "faults")
     killer = KillAt(1, {10: False, 18: True}, str(tmp), run_dir)
     guard = rayguard.GuardConfig(recovery="live",
-                                 health=rayguard.HealthConfig(watch_metrics=WATCH))
+                                 health=rayguard.HealthConfig(watch_metrics=WATCH,
+                                                              live_wait_s=common.LIVE_WAIT_S))
     result, _ = _fit(tmp, "faults", guard=guard,
                      callbacks=[Recorder(log), killer, NanAtStep(19)],
                      model_fn=functools.partial(nan_gpt2, str(tmp / "nan-fired"), None))
