@@ -26,11 +26,18 @@ setup: $(BIN)/.rayguard-setup
 quickstart: setup
 	$(BIN)/python examples/quickstart.py
 
-# The Ray tests (tests/ray, tests/gpu) run one at a time: each starts Ray clusters that use
-# the machine's cores. The unit tests, single-process and pure, run on every core.
+# The Ray tests (tests/ray, tests/gpu) run in RAY_TEST_PROCS worker processes (pytest-xdist),
+# one whole file at a time, each worker with its own local Ray cluster: while a test waits on
+# a bound or a process start, the other worker uses the cores. The files whose tests start
+# clusters of their own are one unit, run first by one worker; a test marked `alone` runs
+# with nothing beside it (tests/conftest.py). RAY_TEST_PROCS=0: all in this process.
+# The unit tests, pure, run on every core in processes of their own (never in one that ran
+# Ray's threads: a unit test that forks there can hang).
 # --durations: the slowest tests are printed at the end (the suite's time is watched).
+RAY_TEST_PROCS ?= 2
 test: setup
-	$(BIN)/python -m pytest tests --ignore=tests/unit --durations=25
+	$(BIN)/python -m pytest tests --ignore=tests/unit -n $(RAY_TEST_PROCS) --dist loadfile \
+		--no-loadscope-reorder --durations=25
 	$(BIN)/python -m pytest tests/unit -n auto --durations=10
 
 # The oldest Ray rayguard supports (pyproject's ray range starts here).

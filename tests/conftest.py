@@ -8,9 +8,10 @@ tests share one fault-free run (``exact_clean``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,6 +20,44 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+_SHARED_TMP = "/tmp"
+"""The machine's temporary directory, before a pytest-xdist worker set its own."""
+
+
+def _own_temp_dir_per_xdist_worker() -> None:
+    """Under pytest-xdist every worker process gets a temporary directory of its own before
+    anything reads it: Ray's session folder and ``ray_current_cluster`` record, rayguard's
+    per-user spares folder and the tests that plant files there are per machine otherwise,
+    so two workers' clusters would see each other's (as two users' runs on one node do)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    import tempfile
+
+    global _SHARED_TMP
+    _SHARED_TMP = tempfile.gettempdir()
+    path = os.path.join(_SHARED_TMP, f"rg-{worker}-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = None  # read TMPDIR again
+
+
+_own_temp_dir_per_xdist_worker()
+
+
+def _no_deadlines() -> None:
+    """Hypothesis's per-example deadline (200 ms) and too-slow health check are time limits;
+    the tests never assert on wall time, and two worker processes share the cores."""
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("rayguard", deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("rayguard")
+
+
+_no_deadlines()
 
 LOCAL_NUM_CPUS = 4  # logical: two training workers + room for tasks/actors beside them
 OBJECT_STORE_BYTES = 512 * 1024**2
@@ -144,13 +183,44 @@ was measured at 2.5 minutes, so a test with a kill and a restart can pass 300 s 
 hang; a real hang still fails, at 15 minutes."""
 
 
+OWN_CLUSTER_FILES = frozenset(f"tests/ray/test_{name}.py" for name in (
+    "doctor_cluster", "elastic_cluster", "foreign_cluster", "memory_peer", "memory_tier",
+    "numa_trainer", "observe_run", "quarantine_cluster", "scale_workers", "sharded_elastic",
+    "straggler_eviction"))
+"""The files with tests that start a cluster of their own (``no_ray``) or restart the local
+one with settings of their own (``own_cluster``). Under pytest-xdist (``make test``) they are
+one unit of work: one worker process runs them one after another, never two multi-node
+clusters at once, while the other worker takes the shared cluster's files."""
+
+
+def _own_cluster_rank(item) -> int:
+    """2: starts its own cluster (``no_ray``); 1: restarts the local one with settings of its
+    own (``own_cluster``); 0: runs on the shared local cluster."""
+    return (2 * ("no_ray" in getattr(item, "fixturenames", ()))
+            + (item.get_closest_marker("own_cluster") is not None))
+
+
+def _test_file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].replace("\\", "/")
+
+
 def pytest_collection_modifyitems(config, items):
     # Tests that start their own cluster (``no_ray``, or an ``own_cluster`` module that
     # restarts the local one with its own settings) shut the shared one down, and the next
-    # ``ray_local`` test starts it again: they run last, in their files' order, so the shared
-    # cluster starts once.
-    items.sort(key=lambda item: 2 * ("no_ray" in getattr(item, "fixturenames", ()))
-               + (item.get_closest_marker("own_cluster") is not None))
+    # ``ray_local`` test starts it again. Run in one process they come last, in their files'
+    # order, so the shared cluster starts once; under pytest-xdist their files come first, as
+    # one unit of work (``pytest_xdist_make_scheduler``), and each worker has a shared cluster.
+    strays = sorted({_test_file(i.nodeid) for i in items if _own_cluster_rank(i)
+                     and _test_file(i.nodeid).startswith("tests/ray/")} - OWN_CLUSTER_FILES)
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)}: tests that start their own cluster "
+                                "(no_ray, own_cluster); add the file to OWN_CLUSTER_FILES in "
+                                "tests/conftest.py")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda i: (_test_file(i.nodeid) not in OWN_CLUSTER_FILES,
+                                  _own_cluster_rank(i)))
+    else:
+        items.sort(key=_own_cluster_rank)
     for item in items:
         if "tests/ray/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))
@@ -160,3 +230,53 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the own-cluster files as one unit (``OWN_CLUSTER_FILES``)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OwnClustersTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "own-clusters" if scope.replace("\\", "/") in OWN_CLUSTER_FILES else scope
+
+    return OwnClustersTogether(config, log)
+
+
+@contextlib.contextmanager
+def _machine_share(alone: bool) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``alone`` (one that fills the machine: 16 worker
+    processes on 2 cores) runs with no other test beside it, set-up included: it waits for
+    the other workers' tests to end and holds theirs back. File locks shared by the run's
+    workers: a turnstile, so that a waiting ``alone`` test is not passed by new tests, and
+    the share itself (shared by ordinary tests, exclusive for an ``alone`` one)."""
+    import fcntl
+
+    base = os.path.join(_SHARED_TMP, f"rayguard-tests-{os.getuid()}-"
+                        f"{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')}")
+    with open(base + ".turnstile", "a") as gate, open(base + ".share", "a") as share:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(share, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(share, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with _machine_share(item.get_closest_marker("alone") is not None):
+        yield

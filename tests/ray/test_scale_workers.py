@@ -125,6 +125,7 @@ def hang_scenario(tmp_path, workers: int) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.timeout(900)
 def test_sixteen_workers_a_kill_is_replaced_alone(no_ray, tmp_path):
     kill_scenario(tmp_path, 16, exact=False)
