@@ -241,8 +241,8 @@ def pytest_xdist_make_scheduler(config, log):
 
     class OwnClustersTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return "own-clusters" if scope.replace("\\", "/") in OWN_CLUSTER_FILES else scope
+            file = _test_file(nodeid)
+            return "own-clusters" if file in OWN_CLUSTER_FILES else file
 
     return OwnClustersTogether(config, log)
 
