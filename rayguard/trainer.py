@@ -44,10 +44,9 @@ logger = logging.getLogger("rayguard")
 
 def _with_restart_budget(run_config: RunConfig | None,
                          guard: GuardConfig) -> tuple[RunConfig, str | None]:
-    """Ray's default is no restart; a ``max_failures`` of 0 (Ray's default: it cannot be told
-    from "not set") becomes ``guard.health.max_restarts``, the FailureConfig's other fields
-    kept, in a copy: the caller's ``RunConfig`` is never changed. Returns the run config and,
-    when rayguard chose the budget, a note saying so."""
+    """Ray's default is no restart: ``max_failures=0`` (not told from "not set") becomes
+    ``guard.health.max_restarts``, other fields kept, in a copy (the caller's ``RunConfig`` is
+    never changed). Returns the run config and, when rayguard chose the budget, a note."""
     run_config = copy.copy(run_config) if run_config is not None else RunConfig()
     # what fit() writes into (the workers' env_vars) is the copy's own, never the caller's
     run_config.worker_runtime_env = copy.deepcopy(run_config.worker_runtime_env)
@@ -89,7 +88,8 @@ class RobustTrainer(GuardHooksTrainer):
         """Rank 0's last reported metrics once ``fit()`` returned or raised (Ray's
         ``Result.metrics`` holds only the metrics reported with the last checkpoint)."""
         self.last_goodput: Any = None
-        """The last ``fit()``'s goodput (:class:`rayguard.observe.goodput.Goodput`)."""
+        """The last ``fit()``'s goodput (:class:`rayguard.observe.goodput.Goodput`, from its
+        event log), also the driver's last line."""
         self._live = apply_live(guard_config, kwargs)
         self._user_worker_env: Any = None
         self._uploader: LogUploader | None = None
