@@ -25,7 +25,7 @@ from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
 from rayguard._ray.live_backend import apply_live
 from rayguard._ray.spare import has_setup_hook, spare_env
-from rayguard._ray.train import GuardHooksTrainer  # a ray.train.torch.TorchTrainer
+from rayguard._ray.train import GuardHooksTrainer, marked_failed
 from rayguard.checkpoint.interval_advice import interval_settings
 from rayguard.config import GuardConfig
 from rayguard.constants import (
@@ -37,7 +37,7 @@ from rayguard.constants import (
 from rayguard.events import events_path, make_event
 from rayguard.events.upload import LogUploader
 from rayguard.exceptions import ConfigError, WorkerTraceback
-from rayguard.failures.messages import one_line, worker_line
+from rayguard.failures.messages import final_lines, one_line
 
 logger = logging.getLogger("rayguard")
 
@@ -337,16 +337,15 @@ class RobustTrainer(GuardHooksTrainer):
                                              self._coordinator.kills.remote()], timeout=30)
         except Exception:
             stop, failures, kills = None, {}, {}
-        records = failures.get(max(failures), []) if failures else []
-        lines = [worker_line(rank, error, kills.get(rank))
-                 for rank, error in sorted(exc.worker_failures.items())]
+        records = {r.rank: r for r in failures.get(max(failures), [])} if failures else {}
+        lines, rank = final_lines(exc.worker_failures, records, kills,
+                                  stop["rank"] if stop else None, marked_failed)
         if stop:
             lines.append(f"rayguard: {stop['reason']}.")
         lines.append(f"What happened, attempt by attempt: {self.run_dir}/{EVENTS_FILENAME}")
         error = WorkerGroupError("\n".join(lines), exc.worker_failures)
-        rank = stop["rank"] if stop else min(exc.worker_failures)
         cause = exc.worker_failures.get(rank)
-        record = next((r for r in records if r.rank == rank), None)
+        record = records.get(rank)
         if cause is not None and record is not None and record.traceback:
             cause.__cause__ = WorkerTraceback(f"rank {rank}, attempt {record.attempt}:\n"
                                               + record.traceback)
