@@ -193,6 +193,20 @@ one unit of work: one worker process runs them one after another, never two mult
 clusters at once, while the other worker takes the shared cluster's files."""
 
 
+FILE_SECONDS = {f"tests/ray/test_{name}.py": s for name, s in (
+    ("ray_report_loops", 190), ("live_replace", 141), ("frameworks_transformers", 134),
+    ("recovery_exact", 131), ("sharded_checkpoint", 91), ("frameworks_lightning", 76),
+    ("divergence", 63), ("checkpoint_async", 63), ("user_loop", 62), ("frameworks_accelerate", 55),
+    ("checkpoint_trainer", 54), ("crash_loop", 49), ("rollback_live", 45), ("hang_diagnosis", 30),
+    ("job_submit", 40), ("sharded_remote", 37), ("tune_robust_trainer", 35),
+    ("quickstart_readme", 34), ("preemption", 33), ("torchft", 32), ("cli_connect", 32),
+    ("drop_in", 31), ("free_report", 29), ("checkpoint_remote", 26))}
+"""The shared cluster's slowest files, seconds of their tests in one ``make test`` (pytest's
+``--durations=0``). Under pytest-xdist they are handed out longest first, so that the last
+files given out are short ones and neither worker ends long before the other; a file not
+listed comes after them in collection order. Stale figures only change that order."""
+
+
 def _own_cluster_rank(item) -> int:
     """2: starts its own cluster (``no_ray``); 1: restarts the local one with settings of its
     own (``own_cluster``); 0: runs on the shared local cluster."""
@@ -209,15 +223,22 @@ def pytest_collection_modifyitems(config, items):
     # restarts the local one with its own settings) shut the shared one down, and the next
     # ``ray_local`` test starts it again. Run in one process they come last, in their files'
     # order, so the shared cluster starts once; under pytest-xdist their files come first, as
-    # one unit of work (``pytest_xdist_make_scheduler``), and each worker has a shared cluster.
+    # one unit of work (``pytest_xdist_make_scheduler``), the slowest of the others next
+    # (``FILE_SECONDS``), and each worker has a shared cluster.
     strays = sorted({_test_file(i.nodeid) for i in items if _own_cluster_rank(i)
                      and _test_file(i.nodeid).startswith("tests/ray/")} - OWN_CLUSTER_FILES)
     if strays:
         raise pytest.UsageError(f"{', '.join(strays)}: tests that start their own cluster "
                                 "(no_ray, own_cluster); add the file to OWN_CLUSTER_FILES in "
                                 "tests/conftest.py")
+    root = Path(__file__).resolve().parent.parent
+    gone = sorted(f for f in OWN_CLUSTER_FILES | FILE_SECONDS.keys() if not (root / f).exists())
+    if gone:
+        raise pytest.UsageError(f"{', '.join(gone)}: no such file; remove it from "
+                                "OWN_CLUSTER_FILES or FILE_SECONDS in tests/conftest.py")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda i: (_test_file(i.nodeid) not in OWN_CLUSTER_FILES,
+                                  -FILE_SECONDS.get(_test_file(i.nodeid), 0),
                                   _own_cluster_rank(i)))
     else:
         items.sort(key=_own_cluster_rank)
