@@ -36,9 +36,8 @@ quickstart: setup
 # --durations: the slowest tests are printed at the end (the suite's time is watched).
 RAY_TEST_PROCS ?= 2
 test: setup
-	$(BIN)/python -m pytest tests --ignore=tests/unit -n $(RAY_TEST_PROCS) --dist loadfile \
-		--no-loadscope-reorder --durations=25
-	$(BIN)/python -m pytest tests/unit -n auto --durations=10
+	$(BIN)/python -m pytest tests -n $(RAY_TEST_PROCS) --dist loadfile --no-loadscope-reorder \
+		--durations=25
 
 # The oldest Ray rayguard supports (pyproject's ray range starts here).
 OLDEST_RAY ?= 2.59.0

@@ -218,6 +218,16 @@ def _test_file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].replace("\\", "/")
 
 
+def _is_unit(item) -> bool:
+    return _test_file(item.nodeid).startswith("tests/unit/")
+
+
+def _unit_order(item) -> int:
+    """Under pytest-xdist, the units of work in the order they are handed out: the
+    own-cluster files, then the unit tests, then the shared cluster's files."""
+    return 0 if _test_file(item.nodeid) in OWN_CLUSTER_FILES else 1 if _is_unit(item) else 2
+
+
 def pytest_collection_modifyitems(config, items):
     # Tests that start their own cluster (``no_ray``, or an ``own_cluster`` module that
     # restarts the local one with its own settings) shut the shared one down, and the next
@@ -237,11 +247,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"{', '.join(gone)}: no such file; remove it from "
                                 "OWN_CLUSTER_FILES or FILE_SECONDS in tests/conftest.py")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda i: (_test_file(i.nodeid) not in OWN_CLUSTER_FILES,
-                                  -FILE_SECONDS.get(_test_file(i.nodeid), 0),
-                                  _own_cluster_rank(i)))
+        items.sort(key=lambda i: (_unit_order(i), -FILE_SECONDS.get(_test_file(i.nodeid), 0),
+                                  i.get_closest_marker("alone") is None, _own_cluster_rank(i)))
     else:
-        items.sort(key=_own_cluster_rank)
+        items.sort(key=lambda i: (not _is_unit(i), _own_cluster_rank(i)))
     for item in items:
         if "tests/ray/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))
@@ -263,6 +272,8 @@ def pytest_xdist_make_scheduler(config, log):
     class OwnClustersTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = _test_file(nodeid)
+            if file.startswith("tests/unit/"):
+                return "unit-tests"
             return "own-clusters" if file in OWN_CLUSTER_FILES else file
 
     return OwnClustersTogether(config, log)
@@ -297,6 +308,9 @@ def _machine_share(alone: bool) -> Iterator[None]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    if _is_unit(item):  # no cluster, no bound on a worker's start: beside anything
         yield
         return
     with _machine_share(item.get_closest_marker("alone") is not None):

@@ -47,8 +47,13 @@ def hang_loop(config):
 @pytest.fixture(scope="module")
 def hang_events(ray_local_module, tmp_path_factory):
     """The run's events, by attempt: (hang_diagnosed events, stall_detected events)."""
-    guard = rayguard.GuardConfig(numa="off", preflight=False, health=rayguard.HealthConfig(
-        stall_timeout_s=STALL_S, max_restarts=1, diagnosis_wait_s=8.0))
+    # recovery="restart": the attempts are 0 and 1 whatever the order in which the
+    # controller sees the stopped ranks (live recovery may first replace the ranks it saw
+    # stop, find the last one stopped too and restart the group: attempts 0, 1 and 2)
+    guard = rayguard.GuardConfig(numa="off", preflight=False, recovery="restart",
+                                 health=rayguard.HealthConfig(stall_timeout_s=STALL_S,
+                                                              max_restarts=1,
+                                                              diagnosis_wait_s=8.0))
     trainer = rayguard.RobustTrainer(
         hang_loop, scaling_config=ScalingConfig(num_workers=NUM_WORKERS,
                                                 resources_per_worker={"CPU": WORKER_CPUS}),
