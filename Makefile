@@ -26,13 +26,13 @@ setup: $(BIN)/.rayguard-setup
 quickstart: setup
 	$(BIN)/python examples/quickstart.py
 
-# The Ray tests (tests/ray, tests/gpu) run in RAY_TEST_PROCS worker processes (pytest-xdist),
-# one whole file at a time, each worker with its own local Ray cluster: while a test waits on
-# a bound or a process start, the other worker uses the cores. The files whose tests start
-# clusters of their own are one unit, run first by one worker; a test marked `alone` runs
-# with nothing beside it (tests/conftest.py). RAY_TEST_PROCS=0: all in this process.
-# The unit tests, pure, run on every core in processes of their own (never in one that ran
-# Ray's threads: a unit test that forks there can hang).
+# One pytest run on RAY_TEST_PROCS worker processes (pytest-xdist), one whole file at a time,
+# each worker with its own local Ray cluster: while a test waits on a bound or a process
+# start, the other worker uses the cores. The files whose tests start clusters of their own
+# are one unit, run first by one worker; the unit tests are another, run by the other worker
+# before it starts Ray (a unit test that forks can hang in a process running Ray's threads);
+# the shared cluster's files follow, the slowest first; a test marked `alone` runs beside the
+# unit tests only (tests/conftest.py, docs/testing.md). RAY_TEST_PROCS=0: all in this process.
 # --durations: the slowest tests are printed at the end (the suite's time is watched).
 RAY_TEST_PROCS ?= 2
 test: setup

@@ -190,7 +190,8 @@ OWN_CLUSTER_FILES = frozenset(f"tests/ray/test_{name}.py" for name in (
 """The files with tests that start a cluster of their own (``no_ray``) or restart the local
 one with settings of their own (``own_cluster``). Under pytest-xdist (``make test``) they are
 one unit of work: one worker process runs them one after another, never two multi-node
-clusters at once, while the other worker takes the shared cluster's files."""
+clusters at once, while the other worker takes the unit tests, then the shared cluster's
+files."""
 
 
 FILE_SECONDS = {f"tests/ray/test_{name}.py": s for name, s in (
@@ -282,10 +283,12 @@ def pytest_xdist_make_scheduler(config, log):
 @contextlib.contextmanager
 def _machine_share(alone: bool) -> Iterator[None]:
     """Under pytest-xdist, a test marked ``alone`` (one that fills the machine: 16 worker
-    processes on 2 cores) runs with no other test beside it, set-up included: it waits for
-    the other workers' tests to end and holds theirs back. File locks shared by the run's
-    workers: a turnstile, so that a waiting ``alone`` test is not passed by new tests, and
-    the share itself (shared by ordinary tests, exclusive for an ``alone`` one)."""
+    processes on 2 cores) runs with no other Ray test beside it, set-up included: it waits
+    for the other workers' tests to end and holds theirs back (the unit tests, which start
+    no cluster, take no share: the ``alone`` test is sorted first in its worker, beside
+    them). File locks shared by the run's workers: a turnstile, so that a waiting ``alone``
+    test is not passed by new tests, and the share itself (shared by ordinary tests,
+    exclusive for an ``alone`` one)."""
     import fcntl
 
     base = os.path.join(_SHARED_TMP, f"rayguard-tests-{os.getuid()}-"
