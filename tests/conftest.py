@@ -233,9 +233,9 @@ def pytest_collection_modifyitems(config, items):
     # Tests that start their own cluster (``no_ray``, or an ``own_cluster`` module that
     # restarts the local one with its own settings) shut the shared one down, and the next
     # ``ray_local`` test starts it again. Run in one process they come last, in their files'
-    # order, so the shared cluster starts once; under pytest-xdist their files come first, as
-    # one unit of work (``pytest_xdist_make_scheduler``), the slowest of the others next
-    # (``FILE_SECONDS``), and each worker has a shared cluster.
+    # order, so the shared cluster starts once, and the unit tests first (before Ray's
+    # threads); under pytest-xdist the order is ``_unit_order``'s, the shared cluster's
+    # slowest files first (``FILE_SECONDS``), and each worker has a shared cluster.
     strays = sorted({_test_file(i.nodeid) for i in items if _own_cluster_rank(i)
                      and _test_file(i.nodeid).startswith("tests/ray/")} - OWN_CLUSTER_FILES)
     if strays:
