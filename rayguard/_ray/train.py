@@ -389,7 +389,9 @@ class GuardHooksTrainer(TorchTrainer):
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any):
         controller_init_kwargs.update(self.controller_policies())
         from rayguard._ray.resize import started_from
+        from rayguard._ray.sigint import sigint_handler_kept
 
-        with controller_env(self.controller_env_vars()), started_from(self.controller_class()):
+        with controller_env(self.controller_env_vars()), started_from(self.controller_class()), \
+                sigint_handler_kept():
             return super()._initialize_and_run_controller(**controller_init_kwargs)
 

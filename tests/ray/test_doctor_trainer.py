@@ -6,6 +6,9 @@ variables, see tests/unit/doctor/helpers.py)."""
 
 from __future__ import annotations
 
+import signal
+import time
+
 import pytest
 
 from rayguard.testing.recorder import make_trainer
@@ -54,6 +57,18 @@ def test_tcp_rendezvous_passes_the_preflight(ray_local, tmp_path):
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=str(tmp_path), name="tcp",
                              callbacks=[RecordReports(reports)]))
+    before = signal.getsignal(signal.SIGINT)
     result = trainer.fit()
     assert result.error is None
     assert read_reports(reports) == [[{"sum": 3.0, "world": 2}] * 2]
+    # fit() puts the caller's SIGINT handler back: Ray's holds the finished controller, which
+    # kept its worker groups' placement groups (the workers' CPUs) until the next fit()
+    assert signal.getsignal(signal.SIGINT) is before
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _created_placement_groups(ray_local):
+        time.sleep(0.2)
+    assert not _created_placement_groups(ray_local)
+
+
+def _created_placement_groups(ray):
+    return [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "CREATED"]
