@@ -58,6 +58,7 @@ def test_tcp_rendezvous_passes_the_preflight(ray_local, tmp_path):
         run_config=RunConfig(storage_path=str(tmp_path), name="tcp",
                              callbacks=[RecordReports(reports)]))
     before = signal.getsignal(signal.SIGINT)
+    earlier = {pg["placement_group_id"] for pg in _created_placement_groups(ray_local)}
     result = trainer.fit()
     assert result.error is None
     assert read_reports(reports) == [[{"sum": 3.0, "world": 2}] * 2]
@@ -65,10 +66,11 @@ def test_tcp_rendezvous_passes_the_preflight(ray_local, tmp_path):
     # kept its worker groups' placement groups (the workers' CPUs) until the next fit()
     assert signal.getsignal(signal.SIGINT) is before
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _created_placement_groups(ray_local):
+    while time.monotonic() < deadline and _created_placement_groups(ray_local, earlier):
         time.sleep(0.2)
-    assert not _created_placement_groups(ray_local)
+    assert not _created_placement_groups(ray_local, earlier)  # this fit's (not earlier tests')
 
 
-def _created_placement_groups(ray):
-    return [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "CREATED"]
+def _created_placement_groups(ray, earlier=frozenset()):
+    return [pg for pg in ray.util.placement_group_table().values()
+            if pg["state"] == "CREATED" and pg["placement_group_id"] not in earlier]
