@@ -219,8 +219,12 @@ def _test_file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].replace("\\", "/")
 
 
+def _is_unit_file(file: str) -> bool:
+    return file.startswith("tests/unit/")
+
+
 def _is_unit(item) -> bool:
-    return _test_file(item.nodeid).startswith("tests/unit/")
+    return _is_unit_file(_test_file(item.nodeid))
 
 
 def _unit_order(item) -> int:
@@ -273,7 +277,7 @@ def pytest_xdist_make_scheduler(config, log):
     class OwnClustersTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = _test_file(nodeid)
-            if file.startswith("tests/unit/"):
+            if _is_unit_file(file):
                 return "unit-tests"
             return "own-clusters" if file in OWN_CLUSTER_FILES else file
 
@@ -308,13 +312,71 @@ def _machine_share(alone: bool) -> Iterator[None]:
                 fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+LEFTOVER_WAIT_S = 10.0
+"""How long a placement group made during a test may stay held after the test ends (Ray
+removes a finished run's groups asynchronously) before it is reported as left over."""
+
+_left_over: list[str] = []  # "<test>: <placement groups>", this process's
+_seen_groups: set[str] = set()
+
+
+def _held_groups() -> dict[str, str]:
+    """The connected cluster's placement groups that hold resources: id -> a short
+    description (bundles, name); empty without a cluster in this process."""
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    try:
+        table = ray.util.placement_group_table()
+    except Exception:
+        return {}
+    return {pid: f"{pg.get('name') or pid[:8]} {pg.get('bundles')}"
+            for pid, pg in table.items() if pg.get("state") == "CREATED"}
+
+
+@contextlib.contextmanager
+def _reports_left_over_groups(nodeid: str) -> Iterator[None]:
+    """A test on a shared cluster leaves it as it found it: a placement group made during
+    the test and still held ``LEFTOVER_WAIT_S`` after it ended reserves CPUs that the next
+    tests wait for; it is named in the run's summary (``pytest_terminal_summary``)."""
+    import time
+
+    _seen_groups.update(_held_groups())
+    yield
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while (new := {k: v for k, v in _held_groups().items() if k not in _seen_groups}) \
+            and time.monotonic() < deadline:
+        time.sleep(0.25)
+    if new:
+        _left_over.append(f"{nodeid}: {'; '.join(sorted(new.values()))}")
+        _seen_groups.update(new)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
     if _is_unit(item):  # no cluster, no bound on a worker's start: beside anything
         yield
         return
-    with _machine_share(item.get_closest_marker("alone") is not None):
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            stack.enter_context(_machine_share(item.get_closest_marker("alone") is not None))
+        stack.enter_context(_reports_left_over_groups(item.nodeid))
         yield
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: to the controller
+        session.config.workeroutput["rayguard_left_over"] = list(_left_over)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
+def pytest_testnodedown(node, error):
+    _left_over.extend(getattr(node, "workeroutput", {}).get("rayguard_left_over", ()))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _left_over:
+        terminalreporter.section("placement groups left held after their test")
+        for line in _left_over:
+            terminalreporter.write_line(line)
