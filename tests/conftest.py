@@ -335,6 +335,25 @@ def _held_groups() -> dict[str, str]:
             for pid, pg in table.items() if pg.get("state") == "CREATED"}
 
 
+@pytest.fixture
+def groups_left():
+    """``groups_left(wait_s=30) -> {id: description}``: the placement groups made since the
+    test began that are still held, after waiting up to ``wait_s`` for them to go (Ray
+    removes a finished run's groups asynchronously)."""
+    import time
+
+    earlier = set(_held_groups())
+
+    def left(wait_s: float = 30.0) -> dict[str, str]:
+        deadline = time.monotonic() + wait_s
+        while (new := {k: v for k, v in _held_groups().items() if k not in earlier}) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return new
+
+    return left
+
+
 @contextlib.contextmanager
 def _reports_left_over_groups(nodeid: str) -> Iterator[None]:
     """A test on a shared cluster leaves it as it found it: a placement group made during

@@ -7,7 +7,6 @@ variables, see tests/unit/doctor/helpers.py)."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
@@ -42,7 +41,7 @@ def _tcp_loop(config):
     rayguard.train.report({"sum": float(t.item()), "world": dist.get_world_size()})
 
 
-def test_tcp_rendezvous_passes_the_preflight(ray_local, tmp_path):
+def test_tcp_rendezvous_passes_the_preflight(ray_local, tmp_path, groups_left):
     """TorchConfig(init_method="tcp") leaves RANK/WORLD_SIZE without MASTER_*: a valid run
     that the preflight stopped with PROC_MISSING before."""
     from ray.train.torch import TorchConfig
@@ -58,19 +57,10 @@ def test_tcp_rendezvous_passes_the_preflight(ray_local, tmp_path):
         run_config=RunConfig(storage_path=str(tmp_path), name="tcp",
                              callbacks=[RecordReports(reports)]))
     before = signal.getsignal(signal.SIGINT)
-    earlier = {pg["placement_group_id"] for pg in _created_placement_groups(ray_local)}
     result = trainer.fit()
     assert result.error is None
     assert read_reports(reports) == [[{"sum": 3.0, "world": 2}] * 2]
     # fit() puts the caller's SIGINT handler back: Ray's holds the finished controller, which
     # kept its worker groups' placement groups (the workers' CPUs) until the next fit()
     assert signal.getsignal(signal.SIGINT) is before
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _created_placement_groups(ray_local, earlier):
-        time.sleep(0.2)
-    assert not _created_placement_groups(ray_local, earlier)  # this fit's (not earlier tests')
-
-
-def _created_placement_groups(ray, earlier=frozenset()):
-    return [pg for pg in ray.util.placement_group_table().values()
-            if pg["state"] == "CREATED" and pg["placement_group_id"] not in earlier]
+    assert not groups_left()  # this fit's (not earlier tests')

@@ -45,7 +45,8 @@ def trial_fn(config):
 cloudpickle.register_pickle_by_value(__import__(__name__))
 
 
-def test_diverged_trial_resumes_inner_trainer_from_checkpoint_before_anomaly(ray_local, tmp_path):
+def test_diverged_trial_resumes_inner_trainer_from_checkpoint_before_anomaly(ray_local, tmp_path,
+                                                                            groups_left):
     health = rayguard.HealthConfig(stall_timeout_s=120, max_restarts=2)
     sweep = rt.SweepHealthConfig(min_results=3, window=5, divergence_factor=10.0,
                                  throughput_collapse_fraction=None, memory_growth_fraction=None)
@@ -62,3 +63,6 @@ def test_diverged_trial_resumes_inner_trainer_from_checkpoint_before_anomaly(ray
     assert final["step"] == 7
     # The inner trainer resumed right after the checkpoint Tune chose (before step K).
     assert final["start"] == int(os.path.basename(chosen).split("_")[1]) + 1 <= K
+    # the stopped trial's controller died with its actor: its worker group's placement group
+    # (the worker's CPU) is removed too, not held until this driver exits
+    assert not groups_left()
