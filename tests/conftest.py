@@ -335,21 +335,27 @@ def _held_groups() -> dict[str, str]:
             for pid, pg in table.items() if pg.get("state") == "CREATED"}
 
 
+def _held_beyond(earlier: set[str], wait_s: float) -> dict[str, str]:
+    """The held placement groups not in ``earlier``, after waiting up to ``wait_s`` for
+    them to go (Ray removes a finished run's groups asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while (new := {k: v for k, v in _held_groups().items() if k not in earlier}) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return new
+
+
 @pytest.fixture
 def groups_left():
     """``groups_left(wait_s=30) -> {id: description}``: the placement groups made since the
     test began that are still held, after waiting up to ``wait_s`` for them to go (Ray
     removes a finished run's groups asynchronously)."""
-    import time
-
     earlier = set(_held_groups())
 
     def left(wait_s: float = 30.0) -> dict[str, str]:
-        deadline = time.monotonic() + wait_s
-        while (new := {k: v for k, v in _held_groups().items() if k not in earlier}) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return new
+        return _held_beyond(earlier, wait_s)
 
     return left
 
@@ -359,15 +365,9 @@ def _reports_left_over_groups(nodeid: str) -> Iterator[None]:
     """A test on a shared cluster leaves it as it found it: a placement group made during
     the test and still held ``LEFTOVER_WAIT_S`` after it ended reserves CPUs that the next
     tests wait for; it is named in the run's summary (``pytest_terminal_summary``)."""
-    import time
-
     _seen_groups.update(_held_groups())
     yield
-    deadline = time.monotonic() + LEFTOVER_WAIT_S
-    while (new := {k: v for k, v in _held_groups().items() if k not in _seen_groups}) \
-            and time.monotonic() < deadline:
-        time.sleep(0.25)
-    if new:
+    if new := _held_beyond(_seen_groups, LEFTOVER_WAIT_S):
         _left_over.append(f"{nodeid}: {'; '.join(sorted(new.values()))}")
         _seen_groups.update(new)
 

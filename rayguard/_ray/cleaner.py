@@ -101,6 +101,7 @@ class _Releaser:
     def _watch(self) -> None:
         import time
 
+        import ray
         from ray.util.placement_group import remove_placement_group
 
         while True:
@@ -119,8 +120,6 @@ class _Releaser:
                 except Exception as exc:
                     logger.warning("rayguard: could not remove placement group %s of a "
                                    "controller that died: %s", group.id.hex(), exc)
-            import ray
-
             try:
                 ray.actor.exit_actor()  # as Ray Train's own cleaner ends, from its thread
             except Exception as exc:

@@ -22,7 +22,6 @@ def test_the_cleaner_is_dropped_only_when_the_state_api_does_not_answer():
     assert not asked  # no cleaner: the State API is not asked
 
 
-
 def test_where_the_controller_can_die_without_ending_the_run_a_releaser_takes_its_place():
     """A fit() in a Tune trial (not the main thread): Tune stops the trial's actor and the
     controller dies with it, so rayguard's releaser removes the run's groups instead."""
