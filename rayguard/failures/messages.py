@@ -35,10 +35,10 @@ def final_lines(failures: Mapping[int, BaseException], records: Mapping[int, Any
             lines.append(f"[rank {rank}] {record.summary}")
         else:
             lines.append(worker_line(rank, error, kills.get(rank)))
-    rank = stop_rank if stop_rank in failures else min(failures)
-    if is_mark(failures[rank]):
-        rank = min((r for r, e in failures.items() if not is_mark(e)), default=rank)
-    return lines, rank
+    cause = stop_rank if stop_rank is not None and stop_rank in failures else min(failures)
+    if is_mark(failures[cause]):
+        cause = min((r for r, e in failures.items() if not is_mark(e)), default=cause)
+    return lines, cause
 
 
 def one_line(error: BaseException) -> str:
