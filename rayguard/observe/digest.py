@@ -155,11 +155,14 @@ def _digest_part(source: EventSource, start: int, end: int | None, metric: str |
     return digest
 
 
-def _workers() -> int:
-    """Processes to read with: the cores this process may use (at most
-    :data:`MAX_WORKERS`); 1 where forking is not safe (not Linux, or threads running)."""
+def read_workers(requested: int | None = None) -> int:
+    """Processes to read with: ``requested``, or by default the cores this process may use
+    (at most :data:`MAX_WORKERS`); 1 where forking is not safe (not Linux, or threads
+    running: a forked child can inherit a lock another thread held), whatever was asked."""
     if sys.platform != "linux" or threading.active_count() > 1:
         return 1
+    if requested is not None:
+        return max(1, int(requested))
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
@@ -167,10 +170,11 @@ def digest_log(source: EventSource, metric: str | None = None, *, fast: bool = T
                curves: bool = True, workers: int | None = None,
                parallel_min_bytes: int = PARALLEL_MIN_BYTES) -> LogDigest:
     """Read a run's log into a digest, streamed. A local log of at least
-    ``parallel_min_bytes`` is read in ``workers`` parts (default: one per core) by forked
-    processes, each opening the file as the reader does; ``fast=False``: every line through
-    the reference parser."""
-    workers = _workers() if workers is None else workers
+    ``parallel_min_bytes`` is read in ``workers`` parts (default: one per core; one part
+    while other threads run, whatever was asked: :func:`read_workers`) by forked processes,
+    each opening the file as the reader does; ``fast=False``: every line through the
+    reference parser."""
+    workers = read_workers(workers)
     parts: list[tuple[int, int | None]] = [(0, None)]
     if workers > 1 and source.filesystem is None and \
             os.path.getsize(source.path) >= parallel_min_bytes:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import sys
+import threading
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ from rayguard.checkpoint.interval_advice import recommend_interval
 from rayguard.events import fast
 from rayguard.events.lines import EventSource, split_points
 from rayguard.events.record import json_safe
-from rayguard.observe.digest import LogDigest, digest_log
+from rayguard.observe.digest import LogDigest, digest_log, read_workers
 from rayguard.observe.goodput import goodput
 from rayguard.observe.report import render
 from rayguard.observe.thinning import MAX_POINTS, Thinned
@@ -117,6 +119,26 @@ def test_parallel_parts_start_at_lines_and_give_the_serial_curves(tmp_path):
     for key in ("throughput", "metric"):
         assert abs(len(json.dumps(parallel[key])) - len(json.dumps(serial[key]))) < 0.3 * len(
             json.dumps(serial[key]))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parts are read by forked processes")
+def test_a_log_is_read_in_one_part_while_other_threads_run_whatever_was_asked(tmp_path):
+    """A fork while another thread holds a lock (logging's, an allocator's) can hang the
+    child: the number of parts asked for is kept only while this thread is alone."""
+    source = write(tmp_path / "rayguard_events.jsonl", long_run(attempts=2, summaries=100))
+    assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
+    assert read_workers(4) == 4 and read_workers(None) >= 1
+    serial = build_run_digest(digest_log(source, workers=1))
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        assert read_workers(4) == 1 and read_workers(None) == 1
+        while_threaded = build_run_digest(digest_log(source, workers=4, parallel_min_bytes=0))
+    finally:
+        stop.set()
+        other.join()
+    close(without_curves(while_threaded), without_curves(serial))
 
 
 def test_the_digest_does_not_grow_with_the_summaries():
