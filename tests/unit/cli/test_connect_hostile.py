@@ -83,7 +83,8 @@ def _cmdline(pid: int) -> bytes:
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_doctor_env_values_are_not_in_the_helpers_argv():
     secret = f"hunter2-{uuid.uuid4().hex}"
-    args = ["doctor", "--address", f"127.0.0.1:{_closed_port()}", "--env", f"DB_PASSWORD={secret}"]
+    args = ["doctor", "--address", f"127.0.0.1:{_closed_port()}", "--connect-timeout", "5",
+            "--env", f"DB_PASSWORD={secret}"]
     proc = _start(args)
     # a child forked but not yet exec'd shows the parent's command line: known in advance,
     # as /proc may still show something else when read just after the parent started
@@ -93,7 +94,7 @@ def test_doctor_env_values_are_not_in_the_helpers_argv():
     deadline = time.monotonic() + BOUND_S
     while proc.poll() is None and time.monotonic() < deadline:
         seen += [c for c in map(_cmdline, _children(proc.pid)) if c and c not in parents]
-        time.sleep(0.005)
+        time.sleep(0.02)  # each look reads every process's /proc entry; the helper lives 5 s
     proc.communicate(timeout=BOUND_S)
     assert seen, "the helper process was never seen"
     assert not any(secret.encode() in c for c in seen), seen[0]
