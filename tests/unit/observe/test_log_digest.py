@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -17,7 +17,7 @@ from rayguard.checkpoint.interval_advice import recommend_interval
 from rayguard.events import fast
 from rayguard.events.lines import EventSource, split_points
 from rayguard.events.record import json_safe
-from rayguard.observe.digest import LogDigest, digest_log, read_workers
+from rayguard.observe.digest import LogDigest, digest_log
 from rayguard.observe.goodput import goodput
 from rayguard.observe.report import render
 from rayguard.observe.thinning import MAX_POINTS, Thinned
@@ -107,38 +107,50 @@ def test_the_digest_gives_the_figures_of_every_event(tmp_path):
         assert [s["attempt"] for s in data["metric"]["series"]] == [0, 1, 2, 3]
 
 
+_READ_IN_PARTS = """
+import json, sys, threading
+from rayguard.events.lines import EventSource
+from rayguard.observe.digest import digest_log, read_workers
+from rayguard.observe.timeline import build_run_digest
+source = EventSource("run", sys.argv[1])
+out = {"alone": [threading.active_count(), read_workers(4)]}
+out["serial"] = build_run_digest(digest_log(source, workers=1))
+out["parallel"] = build_run_digest(digest_log(source, workers=4, parallel_min_bytes=0))
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()
+out["threaded"] = [read_workers(4), read_workers(None)]
+out["while_threaded"] = build_run_digest(digest_log(source, workers=4, parallel_min_bytes=0))
+stop.set()
+print(json.dumps(out))
+"""
+
+
+def _read_in_fresh_process(source: EventSource) -> dict[str, Any]:
+    """The log read serially, in 4 parts, and in 4 parts asked while another thread runs, by
+    a fresh process (this one may hold other tests' threads, which keep a read in one part)."""
+    out = subprocess.run([sys.executable, "-c", _READ_IN_PARTS, source.path], check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    return json.loads(out.strip().split("\n")[-1])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parts are read by forked processes")
 def test_parallel_parts_start_at_lines_and_give_the_serial_curves(tmp_path):
     source = write(tmp_path / "rayguard_events.jsonl", long_run(attempts=3, summaries=400))
     parts = split_points(source, 4)
     data = open(source.path, "rb").read()
     assert len(parts) == 4 and parts[-1][1] is None
     assert all(start == 0 or data[start - 1:start] == b"\n" for start, _ in parts)
-    serial = build_run_digest(digest_log(source, workers=1))
-    parallel = build_run_digest(digest_log(source, workers=4, parallel_min_bytes=0))
+    read = _read_in_fresh_process(source)
+    assert read["alone"] == [1, 4]
+    serial, parallel = read["serial"], read["parallel"]
     close(without_curves(parallel), without_curves(serial))
     for key in ("throughput", "metric"):
         assert abs(len(json.dumps(parallel[key])) - len(json.dumps(serial[key]))) < 0.3 * len(
             json.dumps(serial[key]))
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the parts are read by forked processes")
-def test_a_log_is_read_in_one_part_while_other_threads_run_whatever_was_asked(tmp_path):
-    """A fork while another thread holds a lock (logging's, an allocator's) can hang the
-    child: the number of parts asked for is kept only while this thread is alone."""
-    source = write(tmp_path / "rayguard_events.jsonl", long_run(attempts=2, summaries=100))
-    assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
-    assert read_workers(4) == 4 and read_workers(None) >= 1
-    serial = build_run_digest(digest_log(source, workers=1))
-    stop = threading.Event()
-    other = threading.Thread(target=stop.wait, daemon=True)
-    other.start()
-    try:
-        assert read_workers(4) == 1 and read_workers(None) == 1
-        while_threaded = build_run_digest(digest_log(source, workers=4, parallel_min_bytes=0))
-    finally:
-        stop.set()
-        other.join()
-    close(without_curves(while_threaded), without_curves(serial))
+    # a fork while another thread holds a lock (logging's, an allocator's) can hang the
+    # child: the parts asked for are kept only while the thread is alone
+    assert read["threaded"] == [1, 1]
+    assert read["while_threaded"] == serial
 
 
 def test_the_digest_does_not_grow_with_the_summaries():
