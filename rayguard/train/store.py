@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
-from rayguard.checkpoint.manifest import ShardRecord
+from rayguard.checkpoint.manifest import MANIFEST_NAME, ShardRecord
 from rayguard.checkpoint.verify import Problem
 from rayguard.exceptions import CheckpointCorruptError, CheckpointError
 
@@ -33,6 +33,12 @@ class CheckpointStore(Protocol):
 
     def final_path(self, name: str) -> str:
         """Where the checkpoint ``name`` is published."""
+        ...
+
+    def taken(self, final: str) -> bool:
+        """Whether an earlier save published at ``final`` (an earlier ``fit()`` of the same
+        run reached the same step in an attempt of the same number). Never true of what the
+        save asking is writing: it shows only once every rank has written."""
         ...
 
     def stage(self, final: str) -> Any:
@@ -99,6 +105,9 @@ class LocalStore:
 
     def final_path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
+
+    def taken(self, final: str) -> bool:
+        return os.path.lexists(final)  # the staging directory is renamed there last
 
     @contextmanager
     def stage(self, final: str) -> Iterator[str]:
@@ -174,6 +183,13 @@ class RemoteStore:
 
     def final_path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
+
+    def taken(self, final: str) -> bool:
+        import pyarrow.fs as pafs
+
+        # the ranks upload into ``final`` itself: only the manifest, written last, says taken
+        info = self.fs.get_file_info(f"{final}/{MANIFEST_NAME}")
+        return info.type != pafs.FileType.NotFound
 
     @contextmanager
     def stage(self, final: str) -> Iterator[str]:

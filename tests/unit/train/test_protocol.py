@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -207,6 +208,57 @@ def test_load_skips_a_corrupt_newest_checkpoint_and_remembers_it(root: Path) -> 
     assert len(rejected) == 1 and rejected[0]["path"].endswith(protocol.checkpoint_name(2, 0))
     assert list(group.rejections) == [rejected[0]["path"]]
     assert str(root / protocol.checkpoint_name(2, 0)) in LocalStore(str(root)).rejected()
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_a_later_fit_reaching_a_step_again_commits_beside_the_earlier_ones_checkpoint(
+        tmp_path: Path, remote: bool) -> None:
+    """A second fit() of the same run directory (a sweep restarting its trial from an earlier
+    checkpoint, which rejects the later ones) reaches step 2 again in its attempt 0: its
+    checkpoint gets a name of its own, the rejected one stays as it was, and a resume takes
+    the new one (the rejection names the old path only). The ranks look for a free name one
+    after another (rank 0 already uploading into its choice): they still choose the same."""
+    import pyarrow.fs as pafs
+
+    fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()) if remote else None
+    run = tmp_path / "run"
+    run.mkdir()
+    store = _SlowRemote("run", fs) if remote else _SlowLocal(str(run))
+    _save(ThreadGroup(WORLD), store, step=1)
+    first = _save(ThreadGroup(WORLD), store, step=2)[0]
+    store.remember_rejection(first.path, "taken after the anomaly")
+    manifest = (run / protocol.checkpoint_name(2, 0) / "rayguard_manifest.json").read_bytes()
+    again = _save(ThreadGroup(WORLD), store, step=2)
+    assert isinstance(again[0], protocol.Committed), again
+    assert again[0].path.endswith(protocol.checkpoint_name(2, 0) + ".1"), again[0].path
+    assert (run / protocol.checkpoint_name(2, 0) / "rayguard_manifest.json").read_bytes() == manifest
+    third = _save(ThreadGroup(WORLD), store, step=2)[0]
+    assert third.path.endswith(protocol.checkpoint_name(2, 0) + ".2"), third.path
+    group = ThreadGroup(WORLD)
+    restored = group.run(lambda c: protocol.load(c, store, tag="load1"))
+    assert [r.step for r in restored] == [2] * WORLD
+    assert not [e for e in group.events if e["kind"] == "checkpoint_rejected"]
+
+
+class _SlowRemote(RemoteStore):
+    """Its ranks look for a taken name one after another: the first to ask at once, the next
+    0.1 s later, ... (as the ranks of a real run arrive)."""
+
+    def taken(self, final: str) -> bool:
+        return _looked(self, super().taken, final)
+
+
+class _SlowLocal(LocalStore):
+    def taken(self, final: str) -> bool:
+        return _looked(self, super().taken, final)
+
+
+def _looked(store: Any, look: Callable[[str], bool], final: str) -> bool:
+    import threading
+
+    order = store.__dict__.setdefault("order", {})
+    time.sleep(0.1 * order.setdefault(threading.get_ident(), len(order)))
+    return look(final)
 
 
 def test_load_on_an_empty_run_returns_none(tmp_path: Path) -> None:
