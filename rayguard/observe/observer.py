@@ -93,7 +93,7 @@ class RunObserver:
                     node=summary.get("node"), gpu_ids=tuple(summary.get("gpu_ids") or ()),
                     first_time=summary.get("first_time"), judge=False)
             mono = time.monotonic()
-            verdicts = []
+            verdicts: list[Any] = []
             if self.detector.ranks() < JUDGE_ALWAYS_BELOW or mono - self._judged >= JUDGE_EVERY_S:
                 verdicts, self._scores = self.detector.judge_scores(now)
                 self._judged = mono

@@ -321,7 +321,7 @@ class NodeAgent:
         for ref in (agg and agg.flush_summaries(self._coordinator.step_summaries.remote),
                     lead and lead.flush()):
             if ref is not None:
-                await ref
+                await ref  # type: ignore[misc]  # an ObjectRef (`x and y` types as a union)
 
     async def answer_diagnosis(self, attempt: int, rank: int, answer: dict[str, Any],
                                local: int = 0) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, cast
 
 from rayguard.events import EventLog
 from rayguard.events.kinds import NOTABLE_KINDS
@@ -333,8 +333,8 @@ class RunCoordinator(GatherHost, MemoryHost):
             lead = relay_of(len(self._agents))  # the agents in start order, in groups
             relay = None if lead is None else list(self._agents.values())[lead]
             agent = self._agents[node] = start_agent(context.current_actor,
-                                                     context.get_actor_id(), node, pin=pin,
-                                                     relay=relay)
+                                                     cast(str, context.get_actor_id()), node,
+                                                     pin=pin, relay=relay)
         return agent
 
     async def end(self, event: dict[str, Any], timeout_s: float = 10.0) -> None:

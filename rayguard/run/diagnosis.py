@@ -103,7 +103,7 @@ class Diagnoses:
         state = self._open.get(attempt)
         if state is None:
             return None
-        if state.event is None:
+        if state.event is None and state.decided is not None:
             await bounded(state.decided, timeout_s, shared=True)
         return None if state.event is None else dict(state.event)
 

@@ -103,6 +103,7 @@ class Observer(Protocol):
     """What sees every report of a worker (the worker session)."""
 
     last_step: int
+    step_unit: str
 
     def observe(self, metrics: dict[str, Any], *, step: int | None = None,
                 state: Any = None, defer_nan: bool = False) -> tuple[dict[str, Any], int]: ...

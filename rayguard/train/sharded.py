@@ -162,8 +162,9 @@ def _load_with(reader: SafeReader, checkpoint_dir: str, sharded: dict[str, Any])
         dcp.load(state_dict, checkpoint_id=os.path.join(checkpoint_dir, DCP_DIR),
                  storage_reader=reader, planner=SafePlanner())
     except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
-        if getattr(reader, "version_error", None) is not None:  # written by another torch
-            raise reader.version_error from None
+        version_error = getattr(reader, "version_error", None)
+        if version_error is not None:  # written by another torch
+            raise version_error from None
         if reader.refusal is not None:
             raise CheckpointCorruptError(str(reader.refusal)) from None
         raise CheckpointError(
