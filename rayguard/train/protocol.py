@@ -70,8 +70,8 @@ def checkpoint_name(step: int, attempt: int) -> str:
     return f"checkpoint_{step:09d}_a{attempt}"
 
 
-def fresh_final(store: CheckpointStore, step: int, attempt: int) -> str:
-    """Where a save of ``step`` in ``attempt`` publishes: :func:`checkpoint_name` in the run,
+def fresh_name(store: CheckpointStore, step: int, attempt: int) -> str:
+    """The name a save of ``step`` in ``attempt`` publishes under: :func:`checkpoint_name`,
     or that name with ``.1``, ``.2``... when an earlier ``fit()`` of the same run directory
     left a directory of that name (it reached the step in an attempt of the same number: a
     sweep restarting its trial from an earlier checkpoint, a rerun after a driver died).
@@ -79,12 +79,12 @@ def fresh_final(store: CheckpointStore, step: int, attempt: int) -> str:
     against that path would hold against the new checkpoint. Every rank finds the same name:
     what makes a name taken (:meth:`CheckpointStore.taken`) shows only at a commit, and this
     save's own commit comes after every rank has written."""
-    name = checkpoint_name(step, attempt)
-    final, again = store.final_path(name), 0
-    while store.taken(final):
+    base = name = checkpoint_name(step, attempt)
+    again = 0
+    while store.taken(store.final_path(name)):
         again += 1
-        final = store.final_path(f"{name}.{again}")
-    return final
+        name = f"{base}.{again}"
+    return name
 
 
 def make_payload(state: Any, rng: Any) -> dict[str, Any]:
@@ -137,8 +137,8 @@ def save(collective: Collective, store: CheckpointStore, payload: Any, *, step: 
     (``None`` elsewhere); raises CheckpointError on every rank when any rank failed to write.
     ``event``: extra fields for the ``checkpoint_committed`` event."""
     started = time.perf_counter() if started is None else started
-    final = fresh_final(store, step, attempt)
-    name = final.rstrip("/").rsplit("/", 1)[-1]
+    name = fresh_name(store, step, attempt)
+    final = store.final_path(name)
     record, meshes = _write(collective, store, final, payload, write_dcp)
     if write_dcp is not None:
         collective.progress()
