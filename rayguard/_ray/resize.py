@@ -18,6 +18,7 @@ Relies on (Ray 2.59 and 2.60): ``TrainController._execute_resize_decision``,
 ``_world_rank_to_ongoing_poll``, ``_worker_group_state`` (``WorkerGroupState``: frozen,
 ``start_time``, ``placement_group_handle``, ``workers``, ``sync_actor``),
 ``_worker_group_context`` (frozen, ``num_workers``), ``_create_workers``,
+``_worker_group_start_timeout_s``,
 ``_init_train_context``, ``_replica_group_callbacks``; ``ReplicaGroup``; a worker's
 ``clear_result_queue``; the sync actor's ``reset``; the ``TrainController`` name that
 ``ray.train.v2.api.data_parallel_trainer`` starts its controller actor from
@@ -56,7 +57,7 @@ logger = logging.getLogger("rayguard")
 
 __all__ = ["GuardController", "align_replica_groups", "free_bundles", "grow_group", "place_fields",
            "reset_barrier", "shrink_group", "start_new", "started_from",
-           "survivors_cleared"]
+           "survivors_cleared", "worker_start_s"]
 
 
 class GuardController(TrainController):
@@ -258,6 +259,13 @@ def grow_group(worker_group: Any, bundles: Sequence[int], wait_s: float,
     if phases is not None:
         phases.update(placed_s=placed - began, workers_s=time.monotonic() - placed)
     return new
+
+
+def worker_start_s(worker_group: Any) -> float:
+    """How long Ray Train gives a worker group to start (``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``,
+    60 s by default): the bound a grow in place allows its new workers' processes."""
+    bound = getattr(worker_group, "_worker_group_start_timeout_s", None)
+    return float(bound) if isinstance(bound, (int, float)) and bound > 0 else 60.0
 
 
 def start_new(worker_group: Any, new: Sequence[Any]) -> None:

@@ -18,7 +18,10 @@ coordinator and Ray's worker group, in this order:
    placement-group bundles; write the rank assignment;
 5. publish :func:`go_key` with each kept worker's new place (rank, world size, local
    ranks): it takes it and sets up again in its own process
-   (:mod:`rayguard.train.live`); start the new workers' training function.
+   (:mod:`rayguard.train.live`); start the new workers' training function. A kept worker
+   waits for it as long as the notice says (``go_within_s``,
+   :meth:`~rayguard.elastic.in_place.ResizePlan.go_within_s`: the bounds of steps 2 and 4,
+   and for a grow Ray Train's worker-group start timeout for the new processes).
 
 Any step that fails before 4 leaves the group as it was and answers ``False``: Ray's whole-
 group restart runs, and the ``resize`` event says why (``fallback``).
@@ -84,10 +87,11 @@ class InPlaceResizer:
         started = time.monotonic()
         detail = (f"worker group resized in place from {old_world} to {new_world}: rank(s) "
                   f"{list(plan.keep)} keep their processes")
+        go_within_s = plan.go_within_s(self.wait_s, ray_resize.worker_start_s(worker_group))
         opened: Attempt = ray.get(self.coordinator.open_attempt.remote(
             RESIZE, attempt, list(plan.lost) + list(plan.retire), detail,
             {"old_world_size": old_world, "world_size": new_world,
-             "direction": plan.direction}), timeout=30)
+             "direction": plan.direction, "go_within_s": go_within_s}), timeout=30)
         if not self._await_left(worker_group, attempt, plan):
             why = (f"kept rank(s) did not leave attempt {attempt} within {self.wait_s} s "
                    "(HealthConfig(live_wait_s))")

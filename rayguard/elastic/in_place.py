@@ -69,6 +69,16 @@ class ResizePlan:
         new = {old: i for i, old in enumerate(self.keep)}
         return {old: new.get(old) for old in range(self.old_world)}
 
+    def go_within_s(self, wait_s: float, start_s: float) -> float:
+        """How long a kept worker waits, once it has left the running attempt, for the
+        resized group (the go fact): the controller's own bounds in turn, every kept worker
+        leaving (``wait_s``, ``HealthConfig(live_wait_s)``) and the group placed (``wait_s``
+        again: a grow's new bundles; a shrink's workers dropped), plus, for a grow, its new
+        workers' processes starting (``start_s``: as long as Ray Train gives a worker group
+        to start). A new worker's process start on a loaded node is no reason to restart
+        the whole group."""
+        return 2 * wait_s + (start_s if self.added else 0.0)
+
     def event_fields(self) -> dict[str, Any]:
         """The ``resize`` event's fields."""
         return {"path": "live" if self.in_place else "restart", "direction": self.direction,
@@ -199,6 +209,16 @@ def is_resize(notice: dict[str, Any] | None) -> bool:
     return bool((notice or {}).get("resize"))
 
 
-__all__ = ["GROW", "SHRINK", "RankPlace", "ResizeInput", "ResizePlan", "is_resize",
-           "place_of", "places", "plan_resize"]
+def go_wait_s(notice: dict[str, Any] | None, wait_s: float) -> float:
+    """A kept worker's wait for the go fact of the resize ``notice`` announces: the bound the
+    controller wrote into it (:meth:`ResizePlan.go_within_s`), never below ``wait_s``
+    (a notice without one: ``wait_s``)."""
+    bound = ((notice or {}).get("resize") or {}).get("go_within_s")
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound == bound:
+        return max(float(wait_s), min(float(bound), 24 * 3600.0))
+    return float(wait_s)
+
+
+__all__ = ["GROW", "SHRINK", "RankPlace", "ResizeInput", "ResizePlan", "go_wait_s",
+           "is_resize", "place_of", "places", "plan_resize"]
 

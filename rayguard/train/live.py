@@ -110,22 +110,28 @@ class ResizeWatch:
 def take_place(link: RunLink, attempt: int, wait_s: float) -> bool:
     """A rank that left its attempt for ``attempt`` (its reports abandoned, its group left):
     when that attempt resizes the group in place, say so to the controller, wait for the
-    resized group (``wait_s``) and take this rank's place in it: Ray's train context and
-    the torch variables say the new rank, world size and local ranks, which set-up then
-    reads. Returns whether it was a resize. Raises :class:`PeersLostError` when the group
-    is not resized in time or this rank has no place in it."""
+    resized group (as long as the notice says, at least ``wait_s``:
+    :func:`~rayguard.elastic.in_place.go_wait_s`) and take this rank's place in it: Ray's
+    train context and the torch variables say the new rank, world size and local ranks,
+    which set-up then reads. Returns whether it was a resize. Raises
+    :class:`PeersLostError` when the group is not resized in time or this rank has no place
+    in it."""
     from rayguard.controller.resize import go_key, left_key
-    from rayguard.elastic.in_place import is_resize, place_of
+    from rayguard.elastic.in_place import go_wait_s, is_resize, place_of
 
     ctx = link.ctx
-    if not is_resize(link.get(live_key(ctx.attempt))):
+    notice = link.get(live_key(ctx.attempt))
+    if not is_resize(notice):
         return False
     link.mark(left_key(ctx.attempt, ctx.rank), True)
-    go = link.wait_fact(go_key(attempt), wait_s)
+    bound = go_wait_s(notice, wait_s)
+    go = link.wait_fact(go_key(attempt), bound)
     if go is None:
         raise PeersLostError(
             f"rank {ctx.rank}: the resize of attempt {ctx.attempt} was not in place within "
-            f"{wait_s} s (HealthConfig(live_wait_s)); the worker group restarts")
+            f"{bound:g} s (HealthConfig(live_wait_s) for the kept workers to leave and the "
+            "group to be placed, and Ray Train's worker-group start timeout for a grow's new "
+            "workers); the worker group restarts")
     place = place_of(go, ctx.rank)
     if place is None:
         raise PeersLostError(f"rank {ctx.rank}: no place in the group resized for attempt "

@@ -146,7 +146,10 @@ def test_a_shrink_in_place_follows_the_protocol(calls) -> None:
     assert placed == [3]
     kind, failed, replaced, detail, notice = coordinator.opened[0]
     assert (kind, failed, replaced) == (RESIZE, 0, [1])
-    assert notice == {"old_world_size": 4, "world_size": 3, "direction": "shrink"}
+    # a kept rank waits for the go fact as long as the controller's own bounds: the leave
+    # and the shrink (live_wait_s each)
+    assert notice == {"old_world_size": 4, "world_size": 3, "direction": "shrink",
+                      "go_within_s": 10.0}
     assert "from 4 to 3" in detail and "[0, 2, 3] keep their processes" in detail
     assert coordinator.facts[go_key(1)] == {"places": {
         "0": {"world_rank": 0, "world_size": 3}, "2": {"world_rank": 1, "world_size": 3},
@@ -171,6 +174,7 @@ def test_a_shrink_past_the_survivors_drops_the_retired_ranks_too(calls) -> None:
 def test_a_grow_starts_the_new_workers_after_the_go_fact(calls) -> None:
     coordinator = FakeCoordinator(calls, leave={0: 0, 1: 0}, attempt=3)
     group = FakeGroup(2, free=(5, 2))
+    group._worker_group_start_timeout_s = 45.0  # Ray Train's worker-group start timeout
     opened = InPlaceResizer(coordinator, wait_s=4.0).resize(
         group, 3, attempt=3, on_placed=lambda wg: calls.append("on_placed"))
     assert opened is not None and (opened.number, opened.replaced) == (4, ())
@@ -183,6 +187,8 @@ def test_a_grow_starts_the_new_workers_after_the_go_fact(calls) -> None:
     assert set(coordinator.events[0]["phases"]) == {"leave_s", "placed_s", "workers_s",
                                                     "controller_s"}
     assert coordinator.opened[0][4]["direction"] == "grow"
+    # kept ranks wait for the leave, the placement and the new processes' start
+    assert coordinator.opened[0][4]["go_within_s"] == 4.0 + 4.0 + 45.0
     assert coordinator.facts[go_key(4)] == {"places": {
         "0": {"world_rank": 0, "world_size": 3}, "1": {"world_rank": 1, "world_size": 3}}}
     (event,) = coordinator.events

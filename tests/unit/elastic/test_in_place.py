@@ -14,6 +14,7 @@ from rayguard.elastic.in_place import (
     RankPlace,
     ResizeInput,
     ResizePlan,
+    go_wait_s,
     is_resize,
     place_of,
     places,
@@ -215,3 +216,31 @@ def test_is_resize_only_for_a_notice_that_says_resize() -> None:
     assert not is_resize({"attempt": 1, "resize": None})
     assert not is_resize({"attempt": 1, "resize": {}})
     assert is_resize({"attempt": 1, "resize": {"old_world_size": 4, "world_size": 3}})
+
+
+# -- how long a kept worker waits for the resized group ------------------------------------
+def test_a_kept_worker_waits_for_the_controllers_bounds_and_a_grow_for_its_new_processes() -> None:
+    shrink = plan(4, 3, failed=frozenset({2}))
+    grow = plan(2, 3, free_bundles=(2,))
+    # every kept worker leaving, then the group placed: live_wait_s each
+    assert shrink.go_within_s(30.0, 60.0) == 60.0
+    # a grow's new processes start too: as long as Ray Train gives a worker group to start
+    assert grow.go_within_s(30.0, 60.0) == 120.0
+    assert grow.go_within_s(5.0, 45.0) == 55.0
+
+
+@pytest.mark.parametrize(("bound", "expected"), [
+    (120.0, 120.0), (90, 90.0),
+    (10.0, 30.0),  # never below live_wait_s
+    (None, 30.0), ("120", 30.0), (True, 30.0), (float("nan"), 30.0),  # not a bound
+    (float("inf"), 86400.0),  # capped at a day
+])
+def test_the_wait_for_the_go_fact_is_the_notices_bound_never_below_live_wait_s(
+        bound, expected) -> None:
+    notice = {"attempt": 3, "resize": {"direction": "grow", "go_within_s": bound}}
+    assert go_wait_s(notice, 30.0) == expected
+
+
+def test_a_notice_without_a_bound_waits_live_wait_s() -> None:
+    assert go_wait_s({"attempt": 3, "resize": {"direction": "shrink"}}, 30.0) == 30.0
+    assert go_wait_s(None, 7.0) == 7.0 and go_wait_s({}, 7.0) == 7.0

@@ -111,6 +111,15 @@ def test_a_kept_rank_says_it_left_then_takes_its_place_from_go(applied) -> None:
     assert applied == [PLACE]
 
 
+def test_a_kept_rank_waits_for_go_as_long_as_the_notice_says(applied) -> None:
+    notice = {**RESIZE_NOTICE, "resize": {**RESIZE_NOTICE["resize"], "go_within_s": 125.0}}
+    link = FakeLink(rank=2, attempt=2, facts={live_key(2): notice})
+    with pytest.raises(PeersLostError, match=r"rank 2: the resize of attempt 2 was not in "
+                                             r"place within 125 s \(HealthConfig\(live_wait_s\)"):
+        live.take_place(link, 3, wait_s=30.0)
+    assert link.waited == [(go_key(3), 125.0)]
+
+
 def test_no_go_in_time_raises_peers_lost(applied) -> None:
     link = FakeLink(rank=2, attempt=2, facts={live_key(2): RESIZE_NOTICE})
     with pytest.raises(PeersLostError, match=r"rank 2: the resize of attempt 2 was not in "
