@@ -18,7 +18,8 @@ Relies on (Ray 2.59 and 2.60): ``TrainController._execute_resize_decision``,
 ``_world_rank_to_ongoing_poll``, ``_worker_group_state`` (``WorkerGroupState``: frozen,
 ``start_time``, ``placement_group_handle``, ``workers``, ``sync_actor``),
 ``_worker_group_context`` (frozen, ``num_workers``), ``_create_workers``,
-``_worker_group_start_timeout_s``,
+``_worker_group_start_timeout_s``; ``DEFAULT_WORKER_GROUP_START_TIMEOUT_S`` of
+``ray.train.v2._internal.constants``,
 ``_init_train_context``, ``_replica_group_callbacks``; ``ReplicaGroup``; a worker's
 ``clear_result_queue``; the sync actor's ``reset``; the ``TrainController`` name that
 ``ray.train.v2.api.data_parallel_trainer`` starts its controller actor from
@@ -39,6 +40,7 @@ import ray
 from rayguard._ray import require_attrs, version_error
 
 try:
+    from ray.train.v2._internal.constants import DEFAULT_WORKER_GROUP_START_TIMEOUT_S
     from ray.train.v2._internal.execution.controller.controller import (
         TrainController,
         TrainControllerLoopIterationResult,
@@ -263,9 +265,11 @@ def grow_group(worker_group: Any, bundles: Sequence[int], wait_s: float,
 
 def worker_start_s(worker_group: Any) -> float:
     """How long Ray Train gives a worker group to start (``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``,
-    60 s by default): the bound a grow in place allows its new workers' processes."""
+    Ray's default where the group does not say): the bound a grow in place allows its new
+    workers' processes."""
     bound = getattr(worker_group, "_worker_group_start_timeout_s", None)
-    return float(bound) if isinstance(bound, (int, float)) and bound > 0 else 60.0
+    return (float(bound) if isinstance(bound, (int, float)) and bound > 0
+            else float(DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
 
 
 def start_new(worker_group: Any, new: Sequence[Any]) -> None:

@@ -215,7 +215,8 @@ def go_wait_s(notice: dict[str, Any] | None, wait_s: float) -> float:
     (a notice without one: ``wait_s``)."""
     bound = ((notice or {}).get("resize") or {}).get("go_within_s")
     if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound == bound:
-        return max(float(wait_s), min(float(bound), 24 * 3600.0))
+        # capped at a day before float(): an int past float's range does not overflow
+        return max(float(wait_s), float(min(bound, 24 * 3600.0)))
     return float(wait_s)
 
 

@@ -196,6 +196,15 @@ def test_a_grow_starts_the_new_workers_after_the_go_fact(calls) -> None:
     assert "1 new worker(s)" in event["detail"]
 
 
+def test_a_group_that_does_not_say_its_start_timeout_gets_rays_default() -> None:
+    from ray.train.v2._internal.constants import DEFAULT_WORKER_GROUP_START_TIMEOUT_S
+
+    assert ray_resize.worker_start_s(SimpleNamespace()) == DEFAULT_WORKER_GROUP_START_TIMEOUT_S
+    assert ray_resize.worker_start_s(SimpleNamespace(_worker_group_start_timeout_s=0)) == \
+        DEFAULT_WORKER_GROUP_START_TIMEOUT_S
+    assert ray_resize.worker_start_s(SimpleNamespace(_worker_group_start_timeout_s=90)) == 90.0
+
+
 def test_kept_ranks_that_never_leave_fall_back_to_a_restart(calls) -> None:
     coordinator = FakeCoordinator(calls, leave={0: 0})  # ranks 2 and 3 never leave
     group = FakeGroup(4)

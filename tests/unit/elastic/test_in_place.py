@@ -233,7 +233,7 @@ def test_a_kept_worker_waits_for_the_controllers_bounds_and_a_grow_for_its_new_p
     (120.0, 120.0), (90, 90.0),
     (10.0, 30.0),  # never below live_wait_s
     (None, 30.0), ("120", 30.0), (True, 30.0), (float("nan"), 30.0),  # not a bound
-    (float("inf"), 86400.0),  # capped at a day
+    (float("inf"), 86400.0), (10 ** 400, 86400.0),  # capped at a day
 ])
 def test_the_wait_for_the_go_fact_is_the_notices_bound_never_below_live_wait_s(
         bound, expected) -> None:
