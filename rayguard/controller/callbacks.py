@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from rayguard._ray.core import alive_node_resources
+from rayguard._ray.resize import worker_start_s
 from rayguard._ray.train import (
     ControllerCallback,
     WorkerGroupCallback,
@@ -28,8 +29,8 @@ from rayguard.controller.fence import FenceView
 from rayguard.controller.resize import InPlaceResizer
 from rayguard.events import make_event
 from rayguard.exceptions import PeersLostError, RayGuardError
-from rayguard.failures import Failure, classify
-from rayguard.health.live import LAST_COMMITTED_KEY
+from rayguard.failures import classify
+from rayguard.health.live import LAST_COMMITTED_KEY, setup_within_s
 from rayguard.health.quarantine import NodeFailure, node_failure_reason
 from rayguard.health.recovery import (
     LIVE,
@@ -47,14 +48,6 @@ from rayguard.run.attempts import Attempt
 from rayguard.run.facts import RETURNED, cause_key
 
 logger = logging.getLogger("rayguard")
-
-
-def failure_fields(failure: Failure) -> dict[str, Any]:
-    """The fields a ``worker_died`` event carries for ``failure``: ``failure`` (the cause in
-    :data:`rayguard.failures.CAUSES`), ``fatal``, ``retry``, ``error_type`` and the whole
-    text in ``details`` (the one-line reason is the event's ``detail``)."""
-    return {"failure": failure.cause, "fatal": failure.fatal, "retry": failure.retry,
-            "error_type": failure.error_type, "details": failure.details}
 
 
 _UNKNOWN = object()  # a coordinator that did not answer
@@ -94,6 +87,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         opened and, when a resize in place opened it, its (old, new) world size; ``None``:
         the group's own start."""
         self.elastic = elastic
+        self._setup_within_s = live_wait_s  # a live attempt's (after_worker_group_start)
+        self.live_wait_s = live_wait_s
         """The run's size may change (``ScalingConfig(num_workers=(min, max))``)."""
         self.resizer: InPlaceResizer | None = (
             InPlaceResizer(coordinator, live_wait_s) if elastic and self.mode == LIVE else None)
@@ -138,9 +133,11 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             self.coordinator.put.remote(RETURNED, ranks)
 
     def after_worker_group_start(self, worker_group: Any) -> None:
-        """Runs in the controller once the group's workers exist: each rank's node."""
+        """Runs in the controller once the group's workers exist: each rank's node, and how
+        long a live attempt's survivors wait for its replacements (:func:`setup_within_s`)."""
         if self.fence is not None or self.mode == LIVE:
             self._nodes = group_nodes(worker_group)
+        self._setup_within_s = setup_within_s(self.live_wait_s, worker_start_s(worker_group))
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
         """Runs in the controller after each poll: record every worker error once (a replica
@@ -174,7 +171,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             node = self._nodes[rank] if rank < len(self._nodes) else None
             self.coordinator.record.remote(make_event(
                 "worker_died", f"rank {rank} failed: {failure.reason}", rank=rank, node=node,
-                attempt=self._attempt, **failure_fields(failure)))
+                attempt=self._attempt, **failure.event_fields()))
             reason = node_failure_reason(failure) if self.fence is not None else None
             if node is not None and reason is not None:
                 counted.append(NodeFailure(node, self._attempt, reason, rank, failure.reason))
@@ -329,8 +326,8 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         detail = (f"rank(s) {ranks} of attempt {old} replaced alone; the other workers keep "
                   "their processes and rejoin")
         committed = self._committed()
-        opened: Attempt = ray.get(self.coordinator.open_attempt.remote(LIVE, old, ranks, detail),
-                                  timeout=30)
+        opened: Attempt = ray.get(self.coordinator.open_attempt.remote(
+            LIVE, old, ranks, detail, within_s=self._setup_within_s), timeout=30)
         self._attempt = opened.number
         self._live = (opened, committed, None)
         self.coordinator.record.remote(make_event(

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rayguard.health.live import bounded_wait_s
+
 SHRINK = "shrink"
 GROW = "grow"
 
@@ -213,11 +215,7 @@ def go_wait_s(notice: dict[str, Any] | None, wait_s: float) -> float:
     """A kept worker's wait for the go fact of the resize ``notice`` announces: the bound the
     controller wrote into it (:meth:`ResizePlan.go_within_s`), never below ``wait_s``
     (a notice without one: ``wait_s``)."""
-    bound = ((notice or {}).get("resize") or {}).get("go_within_s")
-    if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound == bound:
-        # capped at a day before float(): an int past float's range does not overflow
-        return max(float(wait_s), float(min(bound, 24 * 3600.0)))
-    return float(wait_s)
+    return bounded_wait_s(((notice or {}).get("resize") or {}).get("go_within_s"), wait_s)
 
 
 __all__ = ["GROW", "SHRINK", "RankPlace", "ResizeInput", "ResizePlan", "go_wait_s",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from rayguard.exceptions import NonFiniteMetricError
 from rayguard.failures.fatal import AFTER_ONE_REPEAT, NOT_RETRIED, RETRIED, fatal_cause
@@ -56,6 +57,13 @@ class Failure:
     """``Type: first line of the message``."""
     details: str = ""
     """``Type: the whole message`` (at most 20000 characters)."""
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields a ``worker_died`` event carries: ``failure`` (the cause), ``fatal``,
+        ``retry``, ``error_type`` and the whole text in ``details`` (the one-line reason is
+        the event's ``detail``)."""
+        return {"failure": self.cause, "fatal": self.fatal, "retry": self.retry,
+                "error_type": self.error_type, "details": self.details}
 
 
 def most_severe(causes: Iterable[str]) -> str:

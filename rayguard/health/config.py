@@ -48,10 +48,12 @@ class HealthConfig:
 
     live_wait_s: float = 30.0
     """``GuardConfig(recovery="live")``: how long a surviving rank waits for the run to say
-    that a peer was lost (and then for the replacement to join) before it gives up and the
-    whole worker group restarts instead. An elastic resize in place bounds its steps by it:
-    the kept workers leaving their attempt, the group placed (a kept worker waits for its
-    new place twice this, and for a grow also Ray Train's worker-group start timeout)."""
+    that a peer was lost (and then for the replacement to join: this plus Ray Train's
+    worker-group start timeout, since a replacement may be a new process) before it gives up
+    and the whole worker group restarts instead. An elastic resize in place bounds its
+    steps by it: the kept workers leaving their attempt, the group placed (a kept worker
+    waits for its new place twice this, and for a grow also Ray Train's worker-group start
+    timeout)."""
 
     live_spare: bool = True
     """``GuardConfig(recovery="live")``: keep one warm spare worker process on each node of

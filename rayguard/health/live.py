@@ -71,5 +71,35 @@ def plan_rejoin(notice: dict[str, Any] | None, *, rank: int, attempt: int) -> Re
     return RejoinDecision(True, int(notice["attempt"]), replaced)
 
 
-__all__ = ["LAST_COMMITTED_KEY", "RejoinDecision", "live_key", "looks_like_peer_loss",
-           "opened_key", "plan_rejoin"]
+MAX_WAIT_S = 24 * 3600.0
+"""The longest wait a notice can ask of a rank (a bound past it is taken as it)."""
+
+
+def bounded_wait_s(bound: Any, wait_s: float) -> float:
+    """A rank's wait for a bound that the controller wrote into a notice: ``bound``, never
+    below ``wait_s`` (``HealthConfig(live_wait_s)``) and never past :data:`MAX_WAIT_S`;
+    ``wait_s`` where ``bound`` is not a number (missing, a bool, NaN)."""
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound == bound:
+        # capped before float(): an int past float's range does not overflow
+        return max(float(wait_s), float(min(bound, MAX_WAIT_S)))
+    return float(wait_s)
+
+
+def setup_within_s(wait_s: float, start_s: float) -> float:
+    """How long the survivors of a live recovery wait at the new attempt's set-up for its
+    replacements, which the controller writes into the notice: the replacements' processes
+    starting (``start_s``: as long as Ray Train gives a worker group to start), then their
+    set-up (``wait_s``, ``HealthConfig(live_wait_s)``). A replacement's process start on a
+    loaded node is no reason to restart the whole group."""
+    return wait_s + start_s
+
+
+def setup_wait_s(notice: dict[str, Any] | None, wait_s: float) -> float:
+    """A rank's wait at a live attempt's set-up for its peers: the bound in the attempt's
+    notice (:func:`setup_within_s`), never below ``wait_s`` (:func:`bounded_wait_s`)."""
+    return bounded_wait_s((notice or {}).get("setup_within_s"), wait_s)
+
+
+__all__ = ["LAST_COMMITTED_KEY", "MAX_WAIT_S", "RejoinDecision", "bounded_wait_s", "live_key",
+           "looks_like_peer_loss", "opened_key", "plan_rejoin", "setup_wait_s",
+           "setup_within_s"]

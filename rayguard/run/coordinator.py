@@ -71,18 +71,21 @@ class RunCoordinator(GatherHost, MemoryHost):
     # -- attempts and events -------------------------------------------------------------
     def open_attempt(self, kind: RecoveryKind | str, failed: int | None = None,
                      replaced: list[int] | None = None, detail: str = "",
-                     resize: dict[str, Any] | None = None) -> Attempt:
+                     resize: dict[str, Any] | None = None, within_s: float | None = None
+                     ) -> Attempt:
         """Open the run's next attempt (its one opener); returns it. ``LIVE`` replaces
         ``replaced`` of ``failed`` alone, ``RESIZE`` resizes the group in place (``resize``:
         :mod:`rayguard.controller.resize`): the survivors get their notice (``live_key`` of
-        ``failed``, with ``detail``) and every wait of ``failed`` is released."""
+        ``failed``, with ``detail`` and ``within_s``: :func:`rayguard.health.live.setup_wait_s`)
+        and every wait of ``failed`` is released."""
         if (kind := RecoveryKind(kind)) not in (LIVE, RESIZE):
             return self._attempts.open(kind, replaced=replaced or ())
         if failed is None:
             raise ValueError(f"open_attempt({kind.name}): name the failed attempt to leave")
         opened = self._attempts.open(kind, replaced=replaced or ())
-        notice = {"attempt": opened.number, "ranks": list(opened.replaced),
-                  "at": opened.opened_at, "detail": detail, **({"resize": resize} if resize else {})}
+        notice = {"attempt": opened.number, "ranks": list(opened.replaced), "at": opened.opened_at,
+                  "detail": detail, **({"resize": resize} if resize else {}),
+                  **({"setup_within_s": within_s} if within_s else {})}
         self._facts.put(live_key(failed), notice)
         self._facts.put(opened_key(opened.number), notice)
         self._gathers.release(f"a{failed}:")
@@ -177,12 +180,9 @@ class RunCoordinator(GatherHost, MemoryHost):
     def _deaths(self) -> set[int]:
         """Attempts in which a worker was killed: by rayguard's watchdog or an injected kill
         (the worker left its cause before it went)."""
-        out = set()
-        for key, value in self._facts.items():
-            fact = rank_fact(key)
-            if fact is not None and fact.kind == CAUSE and is_kill_mark(value):
-                out.add(fact.attempt)
-        return out
+        facts = ((rank_fact(key), value) for key, value in self._facts.items())
+        return {f.attempt for f, value in facts
+                if f is not None and f.kind == CAUSE and is_kill_mark(value)}
 
     def kills(self) -> dict[int, dict[str, str]]:
         """Ranks of the current attempt that rayguard's watchdog killed: ``{rank: {"bound",
@@ -200,9 +200,7 @@ class RunCoordinator(GatherHost, MemoryHost):
         """The checkpoint every one of ``attempts`` resumed from (``None``: they differ, or
         one started fresh)."""
         paths = {self._facts.get(loaded_key(a)) for a in attempts}
-        if len(paths) != 1:
-            return None
-        return paths.pop()
+        return paths.pop() if len(paths) == 1 else None
 
     def failures(self) -> dict[int, list[FailureRecord]]:
         return {a: list(r) for a, r in self._failures.items()}

@@ -175,8 +175,9 @@ def setup_lost(link: RunLink, wait_s: float | None) -> NoReturn:
                        list(decision.replaced), decision.attempt)
         raise AttemptSuperseded(decision.attempt)
     raise PeersLostError(
-        f"rank {ctx.rank}: live recovery: not every peer set up within {wait_s} s "
-        "(HealthConfig(live_wait_s)); the worker group restarts")
+        f"rank {ctx.rank}: live recovery: not every peer set up within {wait_s:g} s "
+        "(HealthConfig(live_wait_s); a survivor adds its replacements' start, as long as Ray "
+        "Train gives a worker group to start); the worker group restarts")
 
 
 class LiveWatch:

@@ -25,7 +25,7 @@ from rayguard.faults import Fault, FaultInjector
 from rayguard.faults.injector import announcer
 from rayguard.faults.spec import faults_from
 from rayguard.health.hang import HangProbe, install_counting_hook
-from rayguard.health.live import LAST_COMMITTED_KEY
+from rayguard.health.live import LAST_COMMITTED_KEY, opened_key, setup_wait_s
 from rayguard.health.report_wait import returned_check
 from rayguard.health.stall import StallResponder, dump_stacks, watch_optimizer_steps
 from rayguard.health.watchdog import Watchdog
@@ -106,15 +106,17 @@ def _worker_info(ctx: GuardContext) -> dict[str, Any]:
 
 
 def _setup_infos(link: RunLink, ctx: GuardContext, *, by_marks: bool = False,
-                 wait_s: float | None = None, started: float | None = None
-                 ) -> list[dict[str, Any]]:
+                 wait_s: float | None = None, started: float | None = None,
+                 survivor: bool = False) -> list[dict[str, Any]]:
     """Every rank's :func:`_worker_info`. A worker :attr:`~RunLink.alone` (its own replica
-    group), or one that Ray may replace alone (``by_marks``: live recovery), leaves its own
-    with the coordinator and reads the others' there: a replacement that Ray starts beside
-    running peers finds theirs, left when they started (or rejoined)."""
+    group), or one Ray may replace alone (``by_marks``: live recovery), leaves its own with
+    the coordinator and reads the others' there (a replacement finds its peers', left when
+    they started or rejoined; a ``survivor`` waits for it as long as the notice says)."""
     mine = {**_worker_info(ctx), "setup_start_time": started}
     if not (link.alone or by_marks):
         return link.gather("setup", mine)
+    if survivor and wait_s is not None:  # its replacements' processes may still be starting
+        wait_s = setup_wait_s(link.get(opened_key(ctx.attempt)), wait_s)
     try:  # kept: a replacement started later gets its peers' at once
         return link.gather("setup", mine, kept=True, timeout_s=wait_s)
     except PeersLostError:
@@ -317,7 +319,7 @@ class GuardedTrainFn:
         FaultInjector(faults, rank=ctx.rank, attempt=ctx.attempt, claim=link.claim,
                       on_fire=announcer(link, lambda: -1)).on_setup()
         try:
-            infos = _setup_infos(link, ctx, by_marks=self.live,
+            infos = _setup_infos(link, ctx, by_marks=self.live, survivor=attempt is not None,
                                  wait_s=self.guard.health.live_wait_s
                                  if self.live and ctx.attempt > 0 else None,
                                  started=setup_start_time)
@@ -362,11 +364,9 @@ class GuardedTrainFn:
                     ) -> dict[str, Any]:
         """Live recovery: a replacement, or a survivor that rejoins (even alone: shrunk to one
         in place), has no process group; form it (``{"path": "live", ...}`` for the event)."""
-        if not self.live:
-            return {}
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if not self.live or dist.is_initialized():
             return {}
         from rayguard.train.live import record_rejoined, rendezvous
 

@@ -12,6 +12,7 @@ import pytest
 import ray
 from ray.exceptions import ActorDiedError
 from ray.train import FailureConfig
+from ray.train.v2._internal.constants import DEFAULT_WORKER_GROUP_START_TIMEOUT_S
 from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
 from ray.train.v2.api.exceptions import WorkerGroupError
 
@@ -67,7 +68,11 @@ def test_a_killed_rank_is_replaced_alone(live, coordinator, events) -> None:
     kill_rank_11(live)
     (restart,) = restarts(events)
     assert restart["path"] == "live" and restart["ranks"] == [11] and restart["next_attempt"] == 1
-    assert coordinator.target.get(live_key(0))["ranks"] == [11]
+    notice = coordinator.target.get(live_key(0))
+    assert notice["ranks"] == [11]
+    # the survivors wait for the replacement's process start (Ray Train's start timeout,
+    # its default here: the group does not say) and its set-up (live_wait_s)
+    assert notice["setup_within_s"] == 30.0 + DEFAULT_WORKER_GROUP_START_TIMEOUT_S
 
 
 def test_survivors_failing_in_the_live_attempt_restart_the_whole_group_once(

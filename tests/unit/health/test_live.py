@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,10 +13,14 @@ from rayguard.exceptions import ConfigError, PeersLostError
 from rayguard.health.config import HealthConfig
 from rayguard.health.live import (
     LAST_COMMITTED_KEY,
+    MAX_WAIT_S,
+    bounded_wait_s,
     live_key,
     looks_like_peer_loss,
     opened_key,
     plan_rejoin,
+    setup_wait_s,
+    setup_within_s,
 )
 from rayguard.run.coordinator import RunCoordinator
 from rayguard.testing.coordinator import InProcessCoordinator
@@ -64,6 +69,9 @@ def test_opening_a_live_recovery_releases_the_lost_attempts_waits(tmp_path):
     assert new == 1 and c.attempt() == 1
     notice = c.get(live_key(0))
     assert notice == c.get(opened_key(1)) and notice["ranks"] == [1] and notice["attempt"] == 1
+    assert "setup_within_s" not in notice  # none given: the survivors wait live_wait_s
+    bounded = c.open_attempt("live", 1, [0], "rank 0 replaced", within_s=90.0)
+    assert c.get(opened_key(bounded.number))["setup_within_s"] == 90.0
     # a gather of the next attempt is not released: it times out (0.3 s)
     assert c.gather("a1:flags1", 0, 2, 1, 0.3) is None
     assert c.gather("a0:late", 0, 2, 1, 600.0) is None  # the lost attempt's: at once
@@ -196,3 +204,46 @@ def test_a_survivor_whose_set_up_gather_ended_moves_on_when_the_attempt_is_super
     mine = _FactLink({live_key(1): {"attempt": 2, "ranks": [0]}})  # this rank is replaced
     with pytest.raises(PeersLostError):
         setup_lost(mine, 0.2)
+
+
+def test_a_survivor_waits_for_its_replacements_start_as_long_as_the_notice_says(monkeypatch):
+    """A replacement is a new process (no warm spare yet on its node): its start on a loaded
+    node took longer than live_wait_s (30 s), the survivor gave up, and the whole group
+    restarted. The controller writes how long to wait into the notice; the survivor waits
+    that, the replacement (its peers' set-up facts already kept) live_wait_s."""
+    import rayguard.train.setup as setup
+
+    monkeypatch.setattr(setup, "_worker_info", lambda ctx: {"rank": ctx.rank})
+
+    class Link:
+        alone = False
+
+        def __init__(self, facts):
+            self.facts, self.bounds = facts, []
+
+        def get(self, key):
+            return self.facts.get(key)
+
+        def gather(self, tag, value, *, kept=False, timeout_s=None):
+            self.bounds.append((tag, kept, timeout_s))
+            return [value]
+
+    ctx = SimpleNamespace(rank=0, attempt=1)
+    link = Link({opened_key(1): {"attempt": 1, "ranks": [1], "setup_within_s": 90.0}})
+    assert setup._setup_infos(link, ctx, by_marks=True, wait_s=30.0, survivor=True) == [
+        {"rank": 0, "setup_start_time": None}]
+    setup._setup_infos(link, ctx, by_marks=True, wait_s=30.0)  # the replacement's own wait
+    assert link.bounds == [("setup", True, 90.0), ("setup", True, 30.0)]
+    older = Link({opened_key(1): {"attempt": 1, "ranks": [1]}})  # a notice without a bound
+    setup._setup_infos(older, ctx, by_marks=True, wait_s=30.0, survivor=True)
+    assert older.bounds == [("setup", True, 30.0)]
+
+
+def test_the_set_up_bound_is_the_replacements_start_and_set_up_never_below_live_wait_s():
+    assert setup_within_s(30.0, 60.0) == 90.0
+    assert setup_wait_s({"setup_within_s": 90.0}, 30.0) == 90.0
+    assert setup_wait_s({"setup_within_s": 5.0}, 30.0) == 30.0  # never below live_wait_s
+    assert setup_wait_s({}, 30.0) == setup_wait_s(None, 30.0) == 30.0
+    for junk in (True, "90", float("nan"), None, [90]):
+        assert bounded_wait_s(junk, 12.0) == 12.0, junk
+    assert bounded_wait_s(float("inf"), 12.0) == bounded_wait_s(10**400, 12.0) == MAX_WAIT_S
