@@ -26,6 +26,7 @@ from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 from rayguard._ray.live_backend import apply_live
 from rayguard._ray.spare import has_setup_hook, spare_env
 from rayguard._ray.train import GuardHooksTrainer, marked_failed
+from rayguard._ray.tune_session import drain_train_reports
 from rayguard.checkpoint.interval_advice import interval_settings
 from rayguard.config import GuardConfig
 from rayguard.constants import (
@@ -281,9 +282,12 @@ class RobustTrainer(GuardHooksTrainer):
 
     def _end_run(self, coordinator: Any, events_file: str) -> None:
         """Read the last metrics, wake any waiter in the coordinator, then end it (killing an
-        actor with threads blocked in a gather is what can abort it), and upload the log."""
+        actor with threads blocked in a gather is what can abort it), and upload the log.
+        Inside a Tune trial: first the trial takes the run's last reports
+        (:func:`~rayguard._ray.tune_session.drain_train_reports`)."""
         import ray
 
+        drain_train_reports()
         try:
             progress = ray.get(coordinator.get_progress.remote(), timeout=30)
             self.last_metrics = progress.get("metrics")
@@ -380,16 +384,13 @@ class RobustTrainer(GuardHooksTrainer):
 
     @staticmethod
     def _restore_env(saved: dict[str, str | None]) -> None:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.update({key: value for key, value in saved.items() if value is not None})
+        for key in (key for key, value in saved.items() if value is None):
+            os.environ.pop(key, None)
 
 
 def _cluster_address() -> str | None:
-    """The GCS address of the cluster this driver is connected to (None if unknown, as
-    through Ray Client)."""
+    """The GCS address of this driver's cluster (None if unknown, as through Ray Client)."""
     import ray
 
     try:
