@@ -87,9 +87,9 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         opened and, when a resize in place opened it, its (old, new) world size; ``None``:
         the group's own start."""
         self.elastic = elastic
-        self._setup_within_s = live_wait_s  # a live attempt's (after_worker_group_start)
-        self.live_wait_s = live_wait_s
         """The run's size may change (``ScalingConfig(num_workers=(min, max))``)."""
+        self.live_wait_s = live_wait_s
+        self._setup_within_s = live_wait_s  # a live attempt's (after_worker_group_start)
         self.resizer: InPlaceResizer | None = (
             InPlaceResizer(coordinator, live_wait_s) if elastic and self.mode == LIVE else None)
         """Live recovery on an elastic run: size changes are made in place where they can
