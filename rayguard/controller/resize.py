@@ -36,6 +36,7 @@ from typing import Any
 
 from rayguard.elastic.in_place import ResizeInput, ResizePlan, plan_resize
 from rayguard.events import make_event
+from rayguard.health.live import setup_within_s
 from rayguard.health.recovery import RESIZE
 from rayguard.run.attempts import Attempt
 
@@ -87,11 +88,14 @@ class InPlaceResizer:
         started = time.monotonic()
         detail = (f"worker group resized in place from {old_world} to {new_world}: rank(s) "
                   f"{list(plan.keep)} keep their processes")
-        go_within_s = plan.go_within_s(self.wait_s, ray_resize.worker_start_s(worker_group))
+        start_s = ray_resize.worker_start_s(worker_group)
+        resize = {"old_world_size": old_world, "world_size": new_world,
+                  "direction": plan.direction, "go_within_s": plan.go_within_s(self.wait_s, start_s)}
+        # the kept ranks wait at set-up for a grow's new workers as for a live replacement
+        within_s = setup_within_s(self.wait_s, start_s) if plan.added else None
         opened: Attempt = ray.get(self.coordinator.open_attempt.remote(
-            RESIZE, attempt, list(plan.lost) + list(plan.retire), detail,
-            {"old_world_size": old_world, "world_size": new_world,
-             "direction": plan.direction, "go_within_s": go_within_s}), timeout=30)
+            RESIZE, attempt, list(plan.lost) + list(plan.retire), detail, resize, within_s),
+            timeout=30)
         if not self._await_left(worker_group, attempt, plan):
             why = (f"kept rank(s) did not leave attempt {attempt} within {self.wait_s} s "
                    "(HealthConfig(live_wait_s))")

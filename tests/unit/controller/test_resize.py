@@ -50,9 +50,10 @@ class FakeCoordinator:
 
     def _open_attempt(self, kind: Any, failed: int | None = None,
                       replaced: list[int] | None = None, detail: str = "",
-                      resize: dict[str, Any] | None = None) -> Attempt:
+                      resize: dict[str, Any] | None = None,
+                      within_s: float | None = None) -> Attempt:
         self.calls.append("open_attempt")
-        self.opened.append((kind, failed, replaced, detail, resize))
+        self.opened.append((kind, failed, replaced, detail, resize, within_s))
         return self.attempts.open(kind, replaced=replaced or ())
 
     def _present(self, keys: list[str]) -> list[str]:
@@ -144,12 +145,13 @@ def test_a_shrink_in_place_follows_the_protocol(calls) -> None:
     assert calls.index("survivors_cleared [0, 2, 3]") > max(
         i for i, c in enumerate(calls) if c == "present")
     assert placed == [3]
-    kind, failed, replaced, detail, notice = coordinator.opened[0]
+    kind, failed, replaced, detail, notice, within_s = coordinator.opened[0]
     assert (kind, failed, replaced) == (RESIZE, 0, [1])
     # a kept rank waits for the go fact as long as the controller's own bounds: the leave
     # and the shrink (live_wait_s each)
     assert notice == {"old_world_size": 4, "world_size": 3, "direction": "shrink",
                       "go_within_s": 10.0}
+    assert within_s is None  # no new worker to wait for at set-up: live_wait_s
     assert "from 4 to 3" in detail and "[0, 2, 3] keep their processes" in detail
     assert coordinator.facts[go_key(1)] == {"places": {
         "0": {"world_rank": 0, "world_size": 3}, "2": {"world_rank": 1, "world_size": 3},
@@ -189,6 +191,8 @@ def test_a_grow_starts_the_new_workers_after_the_go_fact(calls) -> None:
     assert coordinator.opened[0][4]["direction"] == "grow"
     # kept ranks wait for the leave, the placement and the new processes' start
     assert coordinator.opened[0][4]["go_within_s"] == 4.0 + 4.0 + 45.0
+    # and then, at set-up, for the new workers' own (as for a live replacement)
+    assert coordinator.opened[0][5] == 4.0 + 45.0
     assert coordinator.facts[go_key(4)] == {"places": {
         "0": {"world_rank": 0, "world_size": 3}, "1": {"world_rank": 1, "world_size": 3}}}
     (event,) = coordinator.events
