@@ -33,6 +33,7 @@ from rayguard.run.outbox import EVENT, Delivered, Outbox
 from rayguard.run.timeouts import LinkTimeouts
 
 FLUSH_S = 1.0  # long: every rank's call is in before a node's batch goes (a loaded machine)
+WIDE_FLUSH_S = 3.0  # 128 ranks' threads: one node's batch was split in two under load at 1 s
 
 
 class Up:
@@ -65,7 +66,7 @@ class Run:
 
     def __init__(self, tmp_path, nodes: int, per_node: int, *, agents: bool = True,
                  delay_s: float = 0.0, ack_s: float = 5.0, memory_s: float = 30.0,
-                 **agent_kw: Any) -> None:
+                 flush_s: float = FLUSH_S, **agent_kw: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -75,7 +76,7 @@ class Run:
         self.coordinator = Handle(self.c, self.loop)
         self.aggs = [NodeAggregator(self.up, f"n{n}") for n in range(nodes)]
         for agg in self.aggs:
-            agg.outbox.flush_s = agg.reads.flush_s = FLUSH_S
+            agg.outbox.flush_s = agg.reads.flush_s = flush_s
         self.agents = [Handle(agg, self.loop, **agent_kw) for agg in self.aggs]
         world = nodes * per_node
         self.links = [
@@ -140,7 +141,7 @@ def say(link: RunLink, n: int = 3) -> None:
 
 # -- events -----------------------------------------------------------------------------------
 def test_every_ranks_events_reach_the_coordinator_in_one_call_per_node(tmp_path):
-    run = Run(tmp_path, nodes=16, per_node=8)
+    run = Run(tmp_path, nodes=16, per_node=8, flush_s=WIDE_FLUSH_S)
     try:
         run.each_rank(say)
         run.settle()
@@ -364,7 +365,7 @@ def assert_held(run: Run, refs: dict[int, Ref], registered: Counter,
 
 
 def test_every_ranks_memory_offer_reaches_the_coordinator_in_one_call_per_node(tmp_path):
-    run = Run(tmp_path, nodes=16, per_node=8)
+    run = Run(tmp_path, nodes=16, per_node=8, flush_s=WIDE_FLUSH_S)
     try:
         refs, registered = offer_all(run)
     finally:
