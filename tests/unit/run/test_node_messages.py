@@ -287,8 +287,8 @@ def resize_calls(tmp_path, monkeypatch, agents: bool) -> tuple[Counter, Counter,
     places: list[dict[str, int]] = []
     monkeypatch.setattr(live, "apply_place", places.append)
     run = Run(tmp_path, nodes=4, per_node=8, agents=agents)
-    for agg in run.aggs:
-        agg.outbox.flush_s = agg.reads.flush_s = 0.5
+    for agg in run.aggs:  # 0.5 s split one node's batch in two beside the Ray tests
+        agg.outbox.flush_s = agg.reads.flush_s = 2.0
     run.c.put(live_key(2), RESIZE)
 
     def controller() -> None:
