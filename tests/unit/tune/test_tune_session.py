@@ -2,8 +2,8 @@
 (rayguard/_ray/tune_session.py): Ray's trial moves a report from the run's queue actor into
 its own result queue only when Tune asks for the next result, and a training function that
 returned first ends the trial ahead of that report (seen: a Transformers trial whose inner run
-reached step 20 ended in Tune at step 16). Ray's own session logic, run here in process with
-a plain queue in place of the queue actor; no cluster."""
+reached step 20 ended in Tune at step 16). The order of Ray's session (``_TrainSession.get_next``)
+is replayed in process, a plain queue in place of the queue actor; no cluster."""
 
 from __future__ import annotations
 
