@@ -101,15 +101,32 @@ EXACT_STEPS = 10
 def exact_clean(tmp_path_factory):
     """Rank 0's final weights of :func:`rayguard.testing.exact_loop.exact_loop` run for
     ``EXACT_STEPS`` on 2 workers without faults (seed 0): the run every exact-recovery test
-    of that loop compares with, made once per session on the shared cluster (its weights do
-    not depend on the recovery path or checkpoint mode: the tests' runs prove that)."""
+    of that loop compares with, made once per pytest run on a shared cluster (its weights do
+    not depend on the recovery path or checkpoint mode: the tests' runs prove that). Under
+    pytest-xdist the first worker to need it makes it; the others wait for it and load it
+    from the run's own base folder."""
+    import torch
+    from filelock import FileLock
+
     from rayguard.testing.exact_loop import fit_exact
 
-    start_local_ray()
-    weights, events, _ = fit_exact(tmp_path_factory.mktemp("exact-clean"), "clean",
-                                   steps=EXACT_STEPS)
-    assert "restart" not in [e["kind"] for e in events]
-    return weights
+    def make():
+        start_local_ray()
+        weights, events, _ = fit_exact(tmp_path_factory.mktemp("exact-clean"), "clean",
+                                       steps=EXACT_STEPS)
+        assert "restart" not in [e["kind"] for e in events]
+        return weights
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make()
+    shared = tmp_path_factory.getbasetemp().parent  # this pytest run's, every worker's
+    with FileLock(str(shared / "exact_clean.lock")):
+        saved = shared / "exact_clean.pt"
+        if saved.exists():
+            return torch.load(saved, weights_only=True)
+        weights = make()
+        torch.save(weights, saved)
+        return weights
 
 
 @pytest.fixture
@@ -195,13 +212,14 @@ files."""
 
 
 FILE_SECONDS = {f"tests/ray/test_{name}.py": s for name, s in (
-    ("ray_report_loops", 190), ("live_replace", 141), ("frameworks_transformers", 134),
-    ("recovery_exact", 131), ("sharded_checkpoint", 91), ("frameworks_lightning", 76),
-    ("divergence", 63), ("checkpoint_async", 63), ("user_loop", 62), ("frameworks_accelerate", 55),
-    ("checkpoint_trainer", 54), ("crash_loop", 49), ("rollback_live", 45), ("hang_diagnosis", 30),
-    ("job_submit", 40), ("sharded_remote", 37), ("tune_robust_trainer", 35),
-    ("quickstart_readme", 34), ("preemption", 33), ("torchft", 32), ("cli_connect", 32),
-    ("drop_in", 31), ("free_report", 29), ("checkpoint_remote", 26))}
+    ("ray_report_loops", 363), ("frameworks_transformers", 241), ("live_replace", 233),
+    ("recovery_exact", 176), ("sharded_checkpoint", 147), ("user_loop", 119),
+    ("frameworks_lightning", 118), ("divergence", 93), ("frameworks_accelerate", 90),
+    ("rollback_live", 81), ("job_submit", 70), ("sharded_remote", 68), ("preemption", 66),
+    ("drop_in", 66), ("checkpoint_async", 64), ("torchft", 60), ("crash_loop", 57),
+    ("checkpoint_trainer", 54), ("quickstart_readme", 52), ("hang_diagnosis", 52),
+    ("cli_connect", 50), ("tune_robust_trainer", 46), ("checkpoint_remote", 46),
+    ("doctor_trainer", 39), ("observe_straggler", 37), ("startup_bound", 31))}
 """The shared cluster's slowest files, seconds of their tests in one ``make test`` (pytest's
 ``--durations=0``). Under pytest-xdist they are handed out longest first, so that the last
 files given out are short ones and neither worker ends long before the other; a file not

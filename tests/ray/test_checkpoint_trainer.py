@@ -34,7 +34,7 @@ def ckpt_loop(config):
     for step in range(start, config["steps"]):
         with torch.no_grad():
             model.weight.add_(0.01)
-        if config.get("fill_disk_at") == step and ctx.rank == 0:
+        if [ctx.attempt, step] == config.get("fill_disk_at") and ctx.rank == 0:
             with fsio.inject_write_error(errno.ENOSPC):
                 rayguard.train.report({"loss": 1.0, "step": step},
                                       state={"model": model.state_dict(), "step": step})
@@ -91,26 +91,24 @@ def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_p
     assert cli.rc == 1 and cli.stdout.startswith("CORRUPT"), cli.stdout + cli.stderr
 
 
-def test_worker_killed_mid_commit_leaves_nothing_half_written(ray_local, tmp_path):
-    result = _trainer(tmp_path, "killed", steps=5, kill_in_commit_at=3).fit()
-    events = read_events(result.path)
-    restored = [e for e in events if e["kind"] == "restored"]
-    assert restored and restored[0]["step"] == 2  # step 3 was never committed in attempt 0
-    assert not [p for p in os.listdir(result.path) if p.startswith(".rayguard-staging-")]
-    for name in _committed(result.path):
-        assert ck.verify(os.path.join(result.path, name)).ok
-
-
-def test_full_disk_fails_cleanly_and_keeps_earlier_checkpoints(ray_local, tmp_path):
-    trainer = _trainer(tmp_path, "full", steps=5, fill_disk_at=3, restarts=0)
+def test_a_kill_mid_commit_then_a_full_disk_leave_nothing_half_written(ray_local, tmp_path):
+    """Attempt 0: rank 0 killed while step 3's checkpoint commits (its manifest written, not
+    yet published): attempt 1 resumes from step 2. Attempt 1: the disk is full at step 4's
+    checkpoint, and with no restart left the run ends with the reason, the earlier
+    checkpoints kept and verified. (These were two fits, the kill and the full disk.)"""
+    trainer = _trainer(tmp_path, "killed", steps=6, kill_in_commit_at=3, fill_disk_at=[1, 4],
+                       restarts=1)
     with pytest.raises(Exception) as err:
         trainer.fit()
     text = str(err.value)
-    print(text)
-    assert "No space left on device" in text and "checkpoint of step 3 was not saved" in text
-    run_dir = os.path.join(tmp_path, "full")
+    assert "No space left on device" in text and "checkpoint of step 4 was not saved" in text
+    run_dir = os.path.join(tmp_path, "killed")
+    events = read_events(run_dir)
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert restored and restored[0]["step"] == 2  # step 3 was never committed in attempt 0
     names = _committed(run_dir)
-    assert [int(n.split("_")[1]) for n in names] == [0, 1, 2]
+    assert [n.split("_", 1)[1] for n in names] == [
+        "000000000_a0", "000000001_a0", "000000002_a0", "000000003_a1"], names
     assert all(ck.verify(os.path.join(run_dir, n)).ok for n in names)
     assert not [p for p in os.listdir(run_dir) if p.startswith(".rayguard-staging-")]
-    assert [e for e in read_events(run_dir) if e["kind"] == "failed"]
+    assert [e for e in events if e["kind"] == "failed"]

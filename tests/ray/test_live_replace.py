@@ -28,49 +28,10 @@ def clean(ray_local_module, exact_clean):
     return exact_clean
 
 
-@pytest.mark.compat  # Ray's replica-group replacement is an internal: the oldest Ray too
-def test_killed_and_hung_workers_are_replaced_alone(clean, tmp_path):
-    """Three faults in one run, one per attempt: rank 1 killed at step 3, rank 0 killed at
-    step 7, then rank 1 asleep in step 8 with the GIL released (its watchdog ends it after
-    the stall bound; rank 0, waiting in the all-reduce, rejoins). Each is replaced alone
-    while the other keeps its process, both load the last commit, and the weights end as
-    without the faults."""
-    weights, events, entered = _fit(
-        tmp_path, "kills",
-        faults="kill:rank=1,step=3;kill:rank=0,step=7,attempt=1;hang:rank=1,step=8,attempt=2",
-        health=rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120))
-    assert same_weights(weights, clean)
-    kinds = [e["kind"] for e in events]
-    assert kinds.count("worker_died") == 3 and kinds[-1] == "finished", kinds
-    restarts = [e for e in events if e["kind"] == "restart"]
-    assert [(e["path"], e["ranks"], e["cause"]) for e in restarts] == [
-        ("live", [1], "kill"), ("live", [0], "kill"), ("live", [1], "hang")], restarts
-    assert [e["rank"] for e in events if e["kind"] == "stall_detected"] == [1]
-    assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1, 0, 1]
-    started = [e for e in events if e["kind"] == "attempt_started"]
-    assert [(e["attempt"], e.get("path")) for e in started][1:] == [
-        (1, "live"), (2, "live"), (3, "live")]
-    by_rank = {r: [e for e in entered if e["rank"] == r] for r in (0, 1)}
-    assert [[e["attempt"] for e in by_rank[r]] for r in (0, 1)] == [[0, 1, 2, 3]] * 2, entered
-    pids = {r: [e["pid"] for e in by_rank[r]] for r in (0, 1)}
-    # rank 1 replaced at attempts 1 and 3, kept at 2; rank 0 replaced at 2, kept at 1 and 3
-    assert pids[1][0] != pids[1][1] == pids[1][2] != pids[1][3], pids
-    assert pids[0][0] == pids[0][1] != pids[0][2] == pids[0][3], pids
-    for attempt, step, ckpt in ((1, 2, "checkpoint_000000002_a0"),
-                                (2, 6, "checkpoint_000000006_a1"),
-                                (3, 7, "checkpoint_000000007_a2")):
-        for r in (0, 1):
-            e = by_rank[r][attempt]
-            assert e["loaded_step"] == step and e["ray_checkpoint"] == ckpt, (r, e)
-    from rayguard.observe.goodput import goodput
-
-    assert goodput(events).replayed_steps <= 3  # at most the steps the faults cut short
-
-
-def test_exception_on_one_rank_replaces_it_alone(clean, tmp_path):
-    """With a plain file planted where the node's spares folder goes (another user of the
-    node can do that in the shared /tmp): the spare is off, the run is not (every worker's
-    start failed in Ray's set-up hook)."""
+@pytest.fixture
+def planted_spares_file():
+    """A plain file planted where the node's spares folder goes (another user of the node
+    can do that in the shared /tmp): the spare is off, the run is not."""
     from rayguard._ray.spare_dir import base_dir
 
     planted = base_dir()
@@ -81,24 +42,67 @@ def test_exception_on_one_rank_replaces_it_alone(clean, tmp_path):
     with open(planted, "w"):
         pass
     try:
-        weights, events, entered = _fit(tmp_path, "raise", faults="raise:rank=1,step=6",
-                                        memory_tier=True)
+        yield planted
     finally:
         os.unlink(planted)
         if moved:
             os.rename(moved, planted)
+
+
+@pytest.mark.compat  # Ray's replica-group replacement is an internal: the oldest Ray too
+def test_killed_hung_and_raising_workers_are_replaced_alone(clean, planted_spares_file,
+                                                            tmp_path):
+    """Four faults in one run, one per attempt, with the memory tier on and a plain file
+    planted where the node's spares folder goes: rank 1 killed at step 3, rank 0 killed at
+    step 7, rank 1 asleep in step 8 with the GIL released (its watchdog ends it after the
+    stall bound; rank 0, waiting in the all-reduce, rejoins), then an exception on rank 1 at
+    step 9. Each is replaced alone while the other keeps its process, every rank loads the
+    last commit (from the node's memory copy), and the weights end as without the faults.
+    (These were two fits: the kills and hang, and the exception with the planted file.)"""
+    weights, events, entered = _fit(
+        tmp_path, "kills",
+        faults="kill:rank=1,step=3;kill:rank=0,step=7,attempt=1;hang:rank=1,step=8,attempt=2;"
+               "raise:rank=1,step=9,attempt=3",
+        memory_tier=True, health=rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120,
+                                                       max_restarts=4))
     assert same_weights(weights, clean)
-    restart = [e for e in events if e["kind"] == "restart"]
-    assert [e["path"] for e in restart] == ["live"] and restart[0]["ranks"] == [1]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("worker_died") == 4 and kinds[-1] == "finished", kinds
+    restarts = [e for e in events if e["kind"] == "restart"]
+    assert [(e["path"], e["ranks"], e["cause"]) for e in restarts][:3] == [
+        ("live", [1], "kill"), ("live", [0], "kill"), ("live", [1], "hang")], restarts
+    assert [(e["path"], e["ranks"]) for e in restarts][3:] == [("live", [1])], restarts
+    assert [e["rank"] for e in events if e["kind"] == "stall_detected"] == [1]
     died = [e for e in events if e["kind"] == "worker_died"]
-    assert [e["rank"] for e in died] == [1] and died[0]["error_type"].endswith("InjectedFault")
+    assert [e["rank"] for e in died] == [1, 0, 1, 1]
+    assert died[3]["error_type"].endswith("InjectedFault"), died[3]
+    started = [e for e in events if e["kind"] == "attempt_started"]
+    assert [(e["attempt"], e.get("path")) for e in started][1:] == [
+        (1, "live"), (2, "live"), (3, "live"), (4, "live")]
+    by_rank = {r: [e for e in entered if e["rank"] == r] for r in (0, 1)}
+    assert [[e["attempt"] for e in by_rank[r]] for r in (0, 1)] == [[0, 1, 2, 3, 4]] * 2, entered
+    pids = {r: [e["pid"] for e in by_rank[r]] for r in (0, 1)}
+    # rank 1 replaced at attempts 1, 3 and 4, kept at 2; rank 0 replaced at 2, kept otherwise
+    assert pids[1][0] != pids[1][1] == pids[1][2] != pids[1][3] != pids[1][4], pids
+    assert pids[0][0] == pids[0][1] != pids[0][2] == pids[0][3] == pids[0][4], pids
+    for attempt, step, ckpt in ((1, 2, "checkpoint_000000002_a0"),
+                                (2, 6, "checkpoint_000000006_a1"),
+                                (3, 7, "checkpoint_000000007_a2"),
+                                (4, 8, "checkpoint_000000008_a3")):
+        for r in (0, 1):
+            e = by_rank[r][attempt]
+            assert e["loaded_step"] == step and e["ray_checkpoint"] == ckpt, (r, e)
     loaded = [e for e in events if e["kind"] == "restored" and "tier" in e]
-    assert [(e["attempt"], e["tier"]) for e in loaded] == [(1, "memory")], loaded
-    rank0 = [e for e in entered if e["rank"] == 0]
-    assert len({e["pid"] for e in rank0}) == 1 and len(rank0) == 2
-    rejoined = {e["rank"]: e for e in events if e["kind"] == "rejoined"}
-    assert rejoined[1]["replacement"] and not rejoined[0]["replacement"], rejoined
-    assert {"imports_s", "setup_s", "rendezvous_s"} <= set(rejoined[1]["phases"])
+    assert [(e["attempt"], e["tier"]) for e in loaded] == [
+        (a, "memory") for a in (1, 2, 3, 4)], loaded
+    rejoined = [e for e in events if e["kind"] == "rejoined" and e["attempt"] == 4]
+    replacement = {e["rank"]: e["replacement"] for e in rejoined}
+    assert replacement == {0: False, 1: True}, rejoined
+    (joined,) = [e for e in rejoined if e["replacement"]]
+    assert {"imports_s", "setup_s", "rendezvous_s"} <= set(joined["phases"]), joined
+    from rayguard.observe.goodput import goodput
+
+    assert goodput(events).replayed_steps <= 4  # at most the steps the faults cut short
 
 
 def test_second_kill_during_recovery(clean, tmp_path):

@@ -49,7 +49,7 @@ def paths(h):
 
 
 def test_a_killed_worker_is_replaced_alone(harness):
-    # tests/ray/test_live_replace.py::test_killed_and_hung_workers_are_replaced_alone
+    # tests/ray/test_live_replace.py::test_killed_hung_and_raising_workers_are_replaced_alone
     h = harness(until(10, kill_at(1, 5)), num_workers=2, guard=live()).run()
     assert h.state == "FINISHED" and paths(h) == [("live", [1])]
     first, replaced = h.groups
@@ -59,7 +59,7 @@ def test_a_killed_worker_is_replaced_alone(harness):
 
 
 def test_an_exception_on_one_rank_replaces_it_alone(harness):
-    # tests/ray/test_live_replace.py::test_exception_on_one_rank_replaces_it_alone
+    # tests/ray/test_live_replace.py::test_killed_hung_and_raising_workers_are_replaced_alone (attempt 3)
     def raise_once(w):
         if (w.rank, w.step, w.attempt) == (1, 6, 0):
             raise RuntimeError("injected")

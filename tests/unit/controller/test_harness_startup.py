@@ -2,7 +2,7 @@
 harness's clock and acted on by Ray Train's real controller (rayguard.testing.controller).
 
 Proves the decisions of tests/ray/test_startup_bound.py (each test names its twin) and the
-stall bound of tests/ray/test_live_replace.py::test_killed_and_hung_workers_are_replaced_alone (its hang). Not covered
+stall bound of tests/ray/test_live_replace.py::test_killed_hung_and_raising_workers_are_replaced_alone (its hang). Not covered
 here: a real process sleeping with the GIL released, the watchdog's own thread and its wake-up
 interval, the SIGKILL that ends the stuck process, and the hang diagnosis among real peers
 (tests/ray/test_hang_diagnosis.py).
@@ -57,7 +57,7 @@ def test_a_start_slower_than_the_stall_timeout_is_not_a_stall(harness):
 
 
 def test_after_the_first_step_the_stall_bound_applies(harness):
-    # tests/ray/test_live_replace.py::test_killed_and_hung_workers_are_replaced_alone (the stall decision of its hang)
+    # tests/ray/test_live_replace.py::test_killed_hung_and_raising_workers_are_replaced_alone (the stall decision of its hang)
     def hang_at_step_2(w):
         if w.attempt == 0 and w.rank == 1 and w.step == 2:
             return w.hang()
