@@ -34,7 +34,7 @@ def ckpt_loop(config):
     for step in range(start, config["steps"]):
         with torch.no_grad():
             model.weight.add_(0.01)
-        if [ctx.attempt, step] == config.get("fill_disk_at") and ctx.rank == 0:
+        if [ctx.attempt, step] in config.get("fill_disk_at", []) and ctx.rank == 0:
             with fsio.inject_write_error(errno.ENOSPC):
                 rayguard.train.report({"loss": 1.0, "step": step},
                                       state={"model": model.state_dict(), "step": step})
@@ -96,7 +96,7 @@ def test_a_kill_mid_commit_then_a_full_disk_leave_nothing_half_written(ray_local
     yet published): attempt 1 resumes from step 2. Attempt 1: the disk is full at step 4's
     checkpoint, and with no restart left the run ends with the reason, the earlier
     checkpoints kept and verified. (These were two fits, the kill and the full disk.)"""
-    trainer = _trainer(tmp_path, "killed", steps=6, kill_in_commit_at=3, fill_disk_at=[1, 4],
+    trainer = _trainer(tmp_path, "killed", steps=6, kill_in_commit_at=3, fill_disk_at=[[1, 4]],
                        restarts=1)
     with pytest.raises(Exception) as err:
         trainer.fit()

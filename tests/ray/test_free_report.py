@@ -50,7 +50,7 @@ def count_loop(config):
     rayguard.train.report({"loss": 1.0, "step": 52})
 
 
-def _trainer(fn, tmp_path, name, restarts=3, config=None):
+def _trainer(fn, tmp_path, name, restarts, config):
     return rayguard.RobustTrainer(
         fn, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path=str(tmp_path), name=name),
