@@ -153,20 +153,6 @@ def rejected_names(run_dir: str) -> list[str]:
     return names
 
 
-def starts(log: str) -> list[int]:
-    """The first step rank 0 completed in each run of the training function (a process
-    per attempt on a restart; one process re-entering the function per attempt under live
-    recovery), in order, from the JSONL the loops' recorders write."""
-    first: dict[tuple[int, int], int] = {}
-    if not os.path.exists(log):
-        return []
-    for line in Path(log).read_text().splitlines():
-        rec = json.loads(line)
-        if rec["rank"] == 0:
-            first.setdefault((rec["pid"], rec["attempt"]), rec["step"])
-    return list(first.values())
-
-
 @dataclass(frozen=True)
 class FaultsRun:
     """A module's one run with every fault in sequence (``faults`` fixtures): its result, its

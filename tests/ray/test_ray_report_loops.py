@@ -166,11 +166,17 @@ def test_a_healthy_ray_report_loop_longer_than_both_bounds_keeps_rays_upload_and
 
 
 @pytest.mark.compat  # the report seam is a Ray internal: checked on the oldest Ray too
-def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(ray_local, tmp_path):
-    """The newest checkpoint (step 5) unsealed by someone who can write the storage (its
-    manifest removed, its state rewritten) and the one before (step 3) truncated: both are
-    rejected, the run resumes from step 1's and ends with the weights of a run without it."""
-    trainer, marker = _run(tmp_path, "corrupt", kill_at=6, corrupt=True, unseal_newest=True)
+def test_a_damaged_newest_checkpoint_is_skipped_then_a_nan_restarts_the_group(ray_local,
+                                                                              tmp_path):
+    """Two whole-group restarts (``recovery="restart"``), each resumed through
+    ``ray.train.get_checkpoint()``. Attempt 0: the newest checkpoint (step 5) unsealed by
+    someone who can write the storage (its manifest removed, its state rewritten) and the one
+    before (step 3) truncated, then rank 1 killed: both are rejected, attempt 1 resumes from
+    step 1's. Attempt 1: a NaN loss at step 8 on rank 0: the group restarts and attempt 2
+    resumes from step 7's, the newest verified. The run ends with the weights of a run
+    without faults (these were two fits: the damaged checkpoints and the NaN restart)."""
+    trainer, marker = _run(tmp_path, "corrupt", rayguard.GuardConfig(recovery="restart"),
+                           kill_at=6, corrupt=True, unseal_newest=True, nan_at=8)
     result = trainer.fit()
     assert result.error is None
     events = read_events(trainer.run_dir)
@@ -182,20 +188,16 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(ray_local, 
     assert not (marker / "resumed-0-6").exists() and not (marker / "resumed-0-4").exists()
     on_disk = json.loads((tmp_path / "corrupt" / "rayguard_rejected.json").read_text())
     assert sorted(on_disk) == sorted(os.path.basename(e["path"]) for e in rejected)
+    # the NaN: detected at step 8 in attempt 1, the group restarted, rolled back to step 7's
+    detected = [(e["attempt"], e["step"]) for e in events if e["kind"] == "nan_detected"]
+    assert detected == [(1, 8)], detected
+    died = [(e["attempt"], e["failure"]) for e in events if e["kind"] == "worker_died"]
+    assert (1, "nan") in died, died
+    restarts = [e for e in events if e["kind"] == "restart"]
+    assert [e["attempt"] for e in restarts] == [0, 1], restarts
+    assert all(e.get("path") is None for e in restarts), restarts  # whole-group restarts
+    assert (marker / "resumed-0-8").exists() and (marker / "resumed-1-8").exists()
     assert _final(marker) == [expected_weights()] * 2
-
-
-def test_a_nan_reported_through_ray_train_report_restarts_the_group(ray_local, tmp_path):
-    # the restart path (recovery="restart"); the default, in place, is tested below
-    trainer, marker = _run(tmp_path, "nan", rayguard.GuardConfig(recovery="restart"), nan_at=6)
-    result = trainer.fit()
-    assert result.error is None
-    kinds = _kinds(trainer.run_dir)
-    assert "nan_detected" in kinds and "restart" in kinds, kinds
-    assert (marker / "resumed-0-6").exists()  # rolled back to the step-5 checkpoint
-    assert _final(marker) == [expected_weights()] * 2
-    died = [e for e in read_events(trainer.run_dir) if e["kind"] == "worker_died"]
-    assert any(e["failure"] == "nan" for e in died), died
 
 
 def test_a_nan_with_policy_fail_ends_the_run_with_rayguards_message(ray_local, tmp_path):

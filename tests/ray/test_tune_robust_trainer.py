@@ -1,10 +1,16 @@
 """A RobustTrainer run inside each Tune trial (Train V2 inside Tune): when the trial's loss
-diverges, rayguard.tune restarts the trial and the trainer inside resumes from the last
-checkpoint taken *before* the anomaly, not from its newest one."""
+diverges or turns NaN, rayguard.tune restarts the trial and the trainer inside resumes from
+the last checkpoint taken *before* the anomaly, not from its newest one. One sweep, two
+trials: a loop that saves through ``rayguard.train.report(state=)`` and resumes through
+``load_state()``, and one written for Ray Train (``ray.train.report(checkpoint=)``, resumed
+through ``ray.train.get_checkpoint()``), the way a Transformers loop reports (this was also
+``test_frameworks_transformers.py``'s Tune fit)."""
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import time
 
 import ray.cloudpickle as cloudpickle
@@ -14,6 +20,35 @@ import rayguard
 import rayguard.tune as rt
 
 K = 4  # the loss explodes from this step on, on the first run only
+NAN_AT, RAY_STEPS = 6, 14  # the Ray Train loop: a NaN loss at step 6, on its first run only
+
+
+def ray_train_fn(cfg):
+    """As Ray's docs write a loop: a checkpoint every 2 steps (0, 2, 4, ...) through
+    ``ray.train.report``, resumed from ``ray.train.get_checkpoint()``."""
+    import ray.train
+    from ray.train import Checkpoint
+
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+            start = json.load(f)["step"] + 1
+    first = not os.path.exists(cfg["marker"])
+    for step in range(start, RAY_STEPS):
+        loss = 1.0 / (step + 1)
+        if first and step >= NAN_AT:
+            loss = float("nan")
+            open(cfg["marker"], "w").close()  # the anomaly happens on this run only
+            time.sleep(1.0)  # slow from there on, so the sweep acts mid-run
+        metrics = {"loss": loss, "step": step, "start": start}
+        if step % 2 == 0:
+            with tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "state.json"), "w") as f:
+                    json.dump({"step": step}, f)
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+        else:
+            ray.train.report(metrics)
 
 
 def trial_fn(config):
@@ -33,36 +68,53 @@ def trial_fn(config):
             rayguard.train.report({"loss": loss, "step": step, "start": start},
                                   state={"step": step} if ctx.rank == 0 else None)
 
+    ray_loop = config["kind"] == "ray"
     rayguard.RobustTrainer(
-        train_fn, train_loop_config={"marker": config["marker"]},
+        ray_train_fn if ray_loop else train_fn,
+        train_loop_config={"marker": os.path.join(config["storage"], f"marker-{config['kind']}")},
         scaling_config=ScalingConfig(num_workers=1),
-        run_config=RunConfig(storage_path=config["storage"], name="inner",
+        run_config=RunConfig(storage_path=config["storage"], name=f"inner-{config['kind']}",
                              callbacks=[TuneReportCallback()]),
-        guard_config=rayguard.GuardConfig(numa="off"),
+        # the trainer inside leaves the NaN to the sweep's health check (it watches only
+        # eval_loss, which the loop never reports), so the NaN reaches Tune
+        guard_config=rayguard.GuardConfig(
+            numa="off", **({"health": rayguard.HealthConfig(watch_metrics=("eval_loss",))}
+                           if ray_loop else {})),
     ).fit()
 
 
 cloudpickle.register_pickle_by_value(__import__(__name__))
 
 
-def test_diverged_trial_resumes_inner_trainer_from_checkpoint_before_anomaly(ray_local, tmp_path,
-                                                                            groups_left):
+def test_unhealthy_trials_resume_their_trainer_from_the_checkpoint_before_the_anomaly(
+        ray_local, tmp_path, groups_left):
     health = rayguard.HealthConfig(stall_timeout_s=120, max_restarts=2)
     sweep = rt.SweepHealthConfig(min_results=3, window=5, divergence_factor=10.0,
                                  throughput_collapse_fraction=None, memory_growth_fraction=None)
     run = rt.run(trial_fn,
-                 param_space={"marker": str(tmp_path / "marker"), "storage": str(tmp_path)},
+                 param_space={"kind": tune.grid_search(["state", "ray"]),
+                              "storage": str(tmp_path)},
                  run_config=tune.RunConfig(storage_path=str(tmp_path / "tune")),
                  health=health, sweep_health=sweep)
     grid = run.wait(timeout=600)
     assert not grid.errors
-    restarts = run.events(kind="restart")
-    assert len(restarts) == 1
-    chosen = restarts[0].data["checkpoint_path"]
-    final = grid[0].metrics
-    assert final["step"] == 7
+    results = {r.config["kind"]: r for r in grid}
+    restarts = {e.trial_id: e for e in run.events(kind="restart")}
+    assert len(run.events(kind="restart")) == 2, run.events()
+
+    # the diverged trial (rayguard state): the checkpoint Tune chose is the last before step K
+    state = results["state"].metrics
+    chosen = restarts[state["trial_id"]].data["checkpoint_path"]
+    assert state["step"] == 7
     # The inner trainer resumed right after the checkpoint Tune chose (before step K).
-    assert final["start"] == int(os.path.basename(chosen).split("_")[1]) + 1 <= K
-    # the stopped trial's controller died with its actor: its worker group's placement group
-    # (the worker's CPU) is removed too, not held until this driver exits
+    assert state["start"] == int(os.path.basename(chosen).split("_")[1]) + 1 <= K
+
+    # the NaN trial (Ray Train checkpoints): the last checkpoint before the NaN is step 4's
+    nan = results["ray"].metrics
+    chosen = restarts[nan["trial_id"]].data["checkpoint_path"]
+    with open(os.path.join(chosen, "state.json")) as f:
+        assert json.load(f)["step"] == NAN_AT - 2
+    assert nan["step"] == RAY_STEPS - 1 and nan["start"] == NAN_AT - 1
+    # the stopped trials' controllers died with their actors: their worker groups' placement
+    # groups (the workers' CPUs) are removed too, not held until this driver exits
     assert not groups_left()
