@@ -1,36 +1,52 @@
-"""Verified checkpoints on a remote pyarrow filesystem (RunConfig(storage_filesystem=...)).
+"""Verified checkpoints on a remote pyarrow filesystem (RunConfig(storage_filesystem=...)),
+plain state and sharded state in the same checkpoints.
 
 The filesystem is a pyarrow SubTreeFileSystem over a local folder: not a LocalFileSystem,
-so rayguard takes its remote path (local staging, upload, manifest written last, download
-and verify before use) while the test can still corrupt bytes "in the bucket"."""
+so rayguard takes its remote path while the test can still corrupt bytes "in the bucket".
+Plain state (``state=``): local staging, upload, manifest written last, download and verify
+before use. Sharded state (FSDP2, ``sharded=``): each rank stages DCP locally and uploads, rank
+0 writes the manifest last; on load each rank downloads and verifies its whole copy before
+DCP reads it. (These were two files of two fits each, one per kind of state.)"""
 
 from __future__ import annotations
 
 import os
 
 import pyarrow.fs as pafs
+import pytest
 import torch
 from ray.train import RunConfig, ScalingConfig
 
 import rayguard
 from rayguard.events import read as read_events
 
+pytestmark = pytest.mark.timeout(900)
+
 
 def remote_loop(config):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
     ctx = rayguard.train.get_context()
     torch.manual_seed(0)
-    model = torch.nn.Linear(16, 16)
-    state = rayguard.train.load_state()
+    plain = torch.nn.Linear(16, 16)  # the same on every rank: plain state=
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    fully_shard(model, mesh=init_device_mesh("cpu", (ctx.world_size,)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sharded = {"model": model, "optim": opt}
+    state = rayguard.train.load_state(sharded=sharded)
     start = 0 if state is None else state["step"] + 1
     if state is not None:
-        model.load_state_dict(state["model"])
+        plain.load_state_dict(state["plain"])
     for step in range(start, config["steps"]):
         with torch.no_grad():
-            model.weight.add_(1.0)
+            plain.weight.add_(1.0)
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
         rayguard.train.report({"loss": 1.0, "step": step, "start": start,
-                               "w": float(model.weight[0, 0])},
-                              state={"model": model.state_dict(), "step": step}
-                              if ctx.rank == 0 else None)
+                               "w": float(plain.weight[0, 0])},
+                              sharded=sharded, state={"plain": plain.state_dict(), "step": step})
 
 
 def _fit(fs, steps, faults=None):
@@ -38,7 +54,15 @@ def _fit(fs, steps, faults=None):
         remote_loop, train_loop_config={"steps": steps},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(storage_path="runs", storage_filesystem=fs, name="remote"),
-        guard_config=rayguard.GuardConfig(numa="off", faults=faults)).fit()
+        guard_config=rayguard.GuardConfig(seed=0, numa="off", faults=faults)).fit()
+
+
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def test_remote_storage_commits_recovers_and_falls_back(ray_local, tmp_path):
@@ -53,20 +77,24 @@ def test_remote_storage_commits_recovers_and_falls_back(ray_local, tmp_path):
     first_w = result.metrics["w"]
     run = bucket / "runs" / "remote"
     names = sorted(p for p in os.listdir(run) if p.startswith("checkpoint_") and (run / p).is_dir())
-    assert all((run / n / "rayguard_manifest.json").exists() for n in names)
+    assert len(names) == 5, names  # steps 0..4
+    for n in names:
+        assert (run / n / "rayguard_manifest.json").exists()
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(os.listdir(run / n / "dcp"))
     assert not any(p.startswith(".rayguard-staging") for p in os.listdir(run))
 
-    # Bit-rot in the bucket: the newest checkpoint fails verification after download.
-    newest = run / names[-1]
-    shard = next(p for p in os.listdir(newest) if p.endswith(".safetensors"))
-    with open(newest / shard, "r+b") as f:
-        f.seek(150)
-        b = f.read(1)
-        f.seek(150)
-        f.write(bytes([b[0] ^ 0xFF]))
+    # Bit-rot in the bucket: a DCP shard of the newest checkpoint, a plain state shard of the
+    # one before; each fails verification after download.
+    newest, before = run / names[-1], run / names[-2]
+    dcp = newest / "dcp" / "__1_0.distcp"
+    _flip(dcp, os.path.getsize(dcp) // 2)
+    _flip(before / next(p for p in os.listdir(before) if p.endswith(".safetensors")), 150)
     again = _fit(fs, steps=6)
     events = read_events(again.path, again.filesystem)
     rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
-    assert rejected and names[-1] in rejected[0]["path"] and "blake3" in rejected[0]["detail"]
-    assert again.metrics["start"] == 4  # resumed after step 3, the newest that verifies
-    assert again.metrics["w"] == first_w + 1.0  # steps 4 and 5 on top of step 3's weights
+    assert len(rejected) == 2, rejected
+    assert names[-1] in rejected[0]["path"]
+    assert "dcp/__1_0.distcp: blake3 mismatch" in rejected[0]["detail"]
+    assert names[-2] in rejected[1]["path"] and "blake3" in rejected[1]["detail"]
+    assert again.metrics["start"] == 3  # resumed after step 2, the newest that verifies
+    assert again.metrics["w"] == first_w + 1.0  # steps 3 to 5 on top of step 2's weights

@@ -24,7 +24,8 @@ def _fit(tmp_path, name, faults=None, recovery="live", memory_tier=False, num_wo
 
 @pytest.fixture(scope="module")
 def clean(ray_local_module, exact_clean):
-    """The fault-free run's weights (one run for this file and test_rollback_live.py)."""
+    """The fault-free run's weights (one run for this file, test_rollback_live.py and
+    test_recovery_exact.py)."""
     return exact_clean
 
 
@@ -105,20 +106,38 @@ def test_killed_hung_and_raising_workers_are_replaced_alone(clean, planted_spare
     assert goodput(events).replayed_steps <= 4  # at most the steps the faults cut short
 
 
-def test_second_kill_during_recovery(clean, tmp_path):
-    # The replacement dies again while it loads the state: the survivor, waiting in the
-    # load, is released and rejoins a second replacement.
-    weights, events, entered = _fit(tmp_path, "twice",
-                                    faults="kill:rank=1,step=5;kill:rank=1,at=load,attempt=1")
+def test_kills_during_live_recoveries_release_the_survivor_or_fall_back_to_one_restart(
+        clean, tmp_path):
+    """Two live recoveries that fail, one after the other (these were two fits). Rank 1
+    killed at step 3; its replacement killed again while it loads the state (attempt 1): the
+    survivor, waiting in the load, is released and either rejoins a second replacement or,
+    the documented fallback, the group restarts (attempt 2). Then rank 1 killed at step 6;
+    its replacement dies in its set-up, before the live attempt 3 formed: the live recovery
+    that fails falls back to one restart of the whole group (attempt 4, never another
+    "replaced alone" round). The run still ends with the exact weights."""
+    weights, events, entered = _fit(
+        tmp_path, "twice",
+        faults="kill:rank=1,step=3,attempt=0;kill:rank=1,at=load,attempt=1;"
+               "kill:rank=1,step=6,attempt=2;kill:rank=1,at=setup,attempt=3",
+        health=rayguard.HealthConfig(max_restarts=4))
     assert same_weights(weights, clean)
     kinds = [e["kind"] for e in events]
-    assert kinds.count("worker_died") == 2 and kinds[-1] == "finished", kinds
+    assert kinds.count("worker_died") == 4 and kinds[-1] == "finished", kinds
+    injected = [e for e in events if e["kind"] == "fault_injected"]
+    assert [(e["rank"], e["attempt"]) for e in injected] == [(1, a) for a in range(4)], injected
     restarts = [e for e in events if e["kind"] == "restart"]
     paths = [e.get("path") for e in restarts]
-    assert paths in (["live", "live"], ["live", None]), restarts  # live, or the fallback
-    rank0 = [e for e in entered if e["rank"] == 0]
-    if paths == ["live", "live"]:
-        assert len({e["pid"] for e in rank0}) == 1, entered
+    assert paths[:1] == ["live"] and paths[1] in ("live", None), restarts  # live, or fallback
+    assert paths[2:] == ["live", None], restarts
+    assert "live attempt 3" in restarts[3]["fallback"], restarts[3]
+    started = [e["attempt"] for e in events if e["kind"] == "attempt_started"]
+    assert 3 not in started and started[-1] == 4, started  # attempt 3 never formed
+    survivor = [(e["attempt"], e["pid"]) for e in entered if e["rank"] == 0]
+    before = {pid for attempt, pid in survivor if attempt <= 2}
+    last = {pid for attempt, pid in survivor if attempt == 4}
+    assert len(last) == 1 and not last & before, entered  # the whole group started again
+    if paths[1] == "live":  # released from the load, rank 0 kept its process until then
+        assert len(before) == 1, entered
 
 
 def spare_loop(config):
@@ -170,25 +189,3 @@ def test_the_replacement_starts_in_the_nodes_warm_spare(ray_local_module, tmp_pa
     # The run's end ends the spare the new attempt started (none is left behind).
     directory = trainer._rc.worker_runtime_env["env_vars"][SPARE_DIR_ENV]
     assert idle_spares(directory) == []
-
-
-def test_a_replacement_that_dies_in_its_set_up_falls_back_to_one_whole_group_restart(
-        clean, tmp_path):
-    # The first replacement dies before the live attempt formed: a live recovery that fails
-    # falls back to one restart of the whole group (never another "replaced alone" round),
-    # and the run still ends with the exact weights.
-    weights, events, entered = _fit(tmp_path, "setupkill",
-                                    faults="kill:rank=1,step=5;kill:rank=1,at=setup,attempt=1")
-    assert same_weights(weights, clean)
-    kinds = [e["kind"] for e in events]
-    assert kinds.count("worker_died") == 2 and kinds[-1] == "finished", kinds
-    restarts = [e for e in events if e["kind"] == "restart"]
-    assert [e.get("path") for e in restarts] == ["live", None], restarts
-    assert "live attempt 1" in restarts[1]["fallback"], restarts[1]
-    started = [e for e in events if e["kind"] == "attempt_started"]
-    assert [e["attempt"] for e in started] == [0, 2], started  # attempt 1 never formed
-    survivor = [e for e in entered if e["rank"] == 0]
-    assert [e["attempt"] for e in survivor] == [0, 2]
-    assert len({e["pid"] for e in survivor}) == 2  # the whole group started again
-    injected = [e for e in events if e["kind"] == "fault_injected"]
-    assert [(e["rank"], e["attempt"]) for e in injected] == [(1, 0), (1, 1)], injected

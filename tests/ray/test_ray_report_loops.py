@@ -324,50 +324,42 @@ def test_a_verified_state_the_loop_cannot_use_is_rejected_after_the_repeat(ray_l
     assert (marker / "resumed-0-2").exists()
 
 
-def test_a_killed_worker_is_replaced_live_and_resumes_from_the_newest_signed_checkpoint(
+def test_a_killed_worker_is_replaced_live_then_a_nan_rolls_back_in_place_from_signed_checkpoints(
         ray_local, tmp_path):
-    """GuardConfig(recovery="live", the default): rank 1 is replaced alone; rank 0 keeps its
-    process and re-enters the loop, where ray.train.get_checkpoint() answers the run's last
-    commit (step 5), and both end with the weights of a run without the kill. With a
-    checkpoint key: every sealed manifest is signed, and the resume checks it."""
+    """GuardConfig(recovery="live", the default), with a checkpoint key: every sealed
+    manifest is signed, and each resume checks it (these were two fits: the kill and the NaN).
+    Attempt 0: rank 1 killed at step 6 is replaced alone; rank 0 keeps its process and
+    re-enters the loop, where ray.train.get_checkpoint() answers the run's last commit (step
+    5). Attempt 1: a NaN loss at step 8 on rank 0: every rank agrees at the NaN's report and
+    re-enters the loop in its own process, offered rank 0's last reported checkpoint (step 7;
+    rank 1 never reported one), verified again; Ray never restarts. Both ranks end with the
+    weights of a run without the faults."""
     key = tmp_path / "checkpoint.key"
     key.write_text("0123456789abcdef0123456789abcdef\n")
     guard = rayguard.GuardConfig(recovery="live",
                                  checkpoint=rayguard.CheckpointConfig(key_file=str(key)))
-    trainer, marker = _run(tmp_path, "live", guard, kill_at=6)
+    trainer, marker = _run(tmp_path, "live", guard, kill_at=6, nan_at=8)
     result = trainer.fit()
     assert result.error is None
-    assert (marker / "resumed-1-6").exists() and (marker / "resumed-0-6").exists()
     assert _final(marker) == [expected_weights()] * 2
+    entries = {rank: [line.split() for line in
+                      (marker / f"entered-{rank}").read_text().split("\n") if line]
+               for rank in (0, 1)}
+    for rank in (0, 1):
+        assert [start for _, start in entries[rank]] == ["0", "6", "8"], entries
+    assert len({pid for pid, _ in entries[0]}) == 1, entries  # rank 0: one process throughout
+    # rank 1: replaced after the kill, the replacement kept through the NaN's rollback
+    assert entries[1][0][0] != entries[1][1][0] == entries[1][2][0], entries
     events = read_events(trainer.run_dir)
-    assert [e.get("path") for e in events if e["kind"] == "restart"] == ["live"]
-    assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1]
+    restarts = [e for e in events if e["kind"] == "restart"]
+    assert [(e["attempt"], e["path"]) for e in restarts] == [(0, "live"), (1, "in_place")]
+    assert restarts[1]["step"] == 8, restarts
+    assert [e["rank"] for e in events if e["kind"] == "worker_died"] == [1]  # not the NaN
+    assert [e["path"] for e in events if e["kind"] == "nan_detected"] == ["in_place"]
     sealed = [json.loads((Path(d) / "rayguard_manifest.json").read_text())
               for d in common.checkpoint_dirs(trainer.run_dir)]
     assert sealed and all(doc["auth"]["mac"] == "blake3-keyed" for doc in sealed)
     restored = [e for e in events if e["kind"] == "restored"]
-    assert restored and restored[0]["verified"] is True, restored
-
-
-def test_a_nan_in_a_ray_report_loop_rolls_back_in_place_under_live_recovery(ray_local,
-                                                                           tmp_path):
-    # GuardConfig(recovery="live"): every rank agrees at the NaN's report and re-enters the
-    # loop in its own process; ray.train.get_checkpoint() then answers rank 0's last reported
-    # checkpoint on both ranks (rank 1 never reported one), verified again. Ray never restarts.
-    trainer, marker = _run(tmp_path, "nanlive", rayguard.GuardConfig(recovery="live"), nan_at=6)
-    result = trainer.fit()
-    assert result.error is None
-    assert _final(marker) == [expected_weights()] * 2
-    for rank in (0, 1):
-        entries = [line.split() for line in (marker / f"entered-{rank}").read_text().split("\n")
-                   if line]
-        assert [start for _, start in entries] == ["0", "6"], entries  # from the step-5 one
-        assert entries[0][0] == entries[1][0]  # the same process both times
-    events = read_events(trainer.run_dir)
-    kinds = [e["kind"] for e in events]
-    assert "worker_died" not in kinds, kinds
-    restart = [e for e in events if e["kind"] == "restart"]
-    assert [(e["path"], e["step"]) for e in restart] == [("in_place", 6)], restart
-    assert [e["path"] for e in events if e["kind"] == "nan_detected"] == ["in_place"]
-    offered = [e for e in events if e["kind"] == "restored" and e["attempt"] == 1]
-    assert len(offered) == 1 and offered[0]["step"] == 5 and offered[0]["verified"], offered
+    assert restored and all(e["verified"] is True for e in restored), restored
+    offered = [e for e in restored if e["attempt"] == 2]
+    assert len(offered) == 1 and offered[0]["step"] == 7, offered

@@ -4,73 +4,41 @@ attempt by attempt, what happened.
 
 One fit per checkpoint mode carries its faults in sequence, one per attempt (``attempt=`` in
 the fault spec), each at a later step than the one before, so that each attempt's failure and
-the next attempt's restore are read from the log on their own: in sync mode a kill of rank
-1, a kill of rank 0 inside the restore itself, a hang of rank 0 (the stall bound), a NaN and
-an exception; in async mode a kill of rank 0 while a checkpoint may be persisting, and a NaN. Where each fault's decision is made (the cause, the restore's
-checkpoint, the crash-loop rule) the unit tests prove it over every case; these fits prove
-that the whole path, Ray included, resumes exactly after each.
+the next attempt's restore are read from the log on their own: in sync mode a kill of rank 1, a
+kill of rank 0 inside the restore itself, a hang of rank 0 (the stall bound), a NaN and an
+exception; in async mode a kill of rank 0 while a checkpoint may be persisting, and a NaN.
+Where each fault's decision is made (the cause, the restore's checkpoint, the crash-loop rule)
+the unit tests prove it over every case; these fits prove that the whole path, Ray included,
+resumes exactly after each.
 
 These are the whole-group restart's fits (``GuardConfig(recovery="restart")``): under live
 recovery, the default, the same exactness is proved by ``test_live_replace.py`` (a rank
 replaced alone), ``test_rollback_live.py`` (a NaN rolled back in place) and
-``test_scale_workers.py`` (a kill at 16 workers), each bitwise against a clean run."""
+``test_scale_workers.py`` (a kill at 16 workers), each bitwise against a clean run. All of them
+compare with the same fault-free run of :func:`rayguard.testing.exact_loop.exact_loop`, made
+once per pytest run (``tests/conftest.py::exact_clean``; this file had a fault-free fit of its
+own, of the same loop)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 import pytest
-import torch
 
 import rayguard
-from rayguard.events import read as read_events
-from rayguard.testing.recorder import make_trainer
+from rayguard.testing.exact_loop import fit_exact, same_weights
 
-STEPS = 11
+STEPS = 10  # the steps of the session's fault-free run (tests/conftest.py, exact_clean)
 STALL_S = 5.0  # the hang's cost: still many of these steps (each a sync checkpoint)
 
 
-def exact_loop(config):
-    import torch.distributed as dist
-
-    ctx = rayguard.train.get_context()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
-    state = rayguard.train.load_state()
-    start = 0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        start = state["step"] + 1
-    for step in range(start, config["steps"]):
-        x = torch.randn(16, 8)  # the rank's RNG: exact only if RNG state is restored
-        loss = ddp(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
-        rayguard.train.report({"loss": loss.item(), "step": step},
-                              state=state if ctx.rank == 0 else None)
-    dist.barrier()
-    if ctx.rank == 0:
-        torch.save(model.state_dict(), config["out"])
-
-
-def _fit(tmp_path, name, faults=(), mode="sync"):
-    out = str(tmp_path / f"{name}.pt")
-    health = rayguard.HealthConfig(stall_timeout_s=STALL_S, max_restarts=max(len(faults), 1))
-    guard = rayguard.GuardConfig(seed=0, faults=";".join(faults) or None, health=health,
-                                 numa="off", checkpoint=rayguard.CheckpointConfig(mode=mode),
-                                 recovery="restart")
-    result = make_trainer(exact_loop, tmp_path, config={"steps": STEPS, "out": out},
-                          guard=guard, name=name).fit()
-    return torch.load(out, weights_only=True), read_events(result.path)
-
-
-def _equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+def _fit(tmp_path, name, faults, mode):
+    """:func:`exact_loop` for ``STEPS`` under the whole-group restart, ``faults`` one
+    per attempt: rank 0's final weights and the run's events."""
+    health = rayguard.HealthConfig(stall_timeout_s=STALL_S, max_restarts=len(faults))
+    weights, events, _ = fit_exact(tmp_path, name, steps=STEPS, faults=";".join(faults),
+                                   recovery="restart", mode=mode, health=health)
+    return weights, events
 
 
 def _attempts(events):
@@ -87,8 +55,10 @@ def _of(events, kind, **fields):
 
 
 def _restored_step(events):
-    """The step the attempt restored (None: it restored nothing)."""
-    restored = _of(events, "restored")
+    """The step the attempt restored through ``load_state()`` (None: it restored nothing;
+    the loop also asks ``ray.train.get_checkpoint()``, whose answer is logged as a
+    ``restored`` event of ``source`` ``ray.train.report``: Ray's own view, not counted)."""
+    restored = [e for e in _of(events, "restored") if e.get("source") != "ray.train.report"]
     assert len(restored) <= 1, restored
     return restored[0]["step"] if restored else None
 
@@ -125,23 +95,15 @@ def _assert_nan(events, *, step):
     assert not _of(events, "checkpoint_committed", step=step)
 
 
-@pytest.fixture(scope="module")
-def clean(ray_local_module, tmp_path_factory):
-    weights, events = _fit(tmp_path_factory.mktemp("clean"), "clean")
-    assert not _of(events, "restart") and events[-1]["kind"] == "finished"
-    assert [e["step"] for e in _of(events, "checkpoint_committed")] == list(range(STEPS))
-    return weights
-
-
 @pytest.mark.compat  # also run on the oldest supported Ray: a kill that resumes exactly
-def test_sync_faults_in_sequence_resume_exactly(clean, tmp_path):
+def test_sync_faults_in_sequence_resume_exactly(ray_local_module, exact_clean, tmp_path):
     faults = ("kill:rank=1,step=3,attempt=0",   # attempt 0
               "kill:rank=0,at=load,attempt=1",  # attempt 1: inside the restore itself
               "hang:rank=0,step=5,attempt=2",   # attempt 2: rank 0 stuck in step 5
               "nan:rank=0,step=7,attempt=3",
               "raise:rank=0,step=9,attempt=4")
     weights, events = _fit(tmp_path, "sync", faults, mode="sync")
-    assert _equal(weights, clean)
+    assert same_weights(weights, exact_clean)
     a = _attempts(events)
     assert len(a) == 6 and [e["kind"] for e in a[5]][-1] == "finished"
     _assert_injected(a[0], kind="kill", rank=1)
@@ -160,13 +122,13 @@ def test_sync_faults_in_sequence_resume_exactly(clean, tmp_path):
 
 # not in the oldest-Ray set: the sync fit above is its kill that resumes exactly, and the
 # async writer is rayguard's own thread behind the same ray.train.report
-def test_async_faults_in_sequence_resume_exactly(clean, tmp_path):
+def test_async_faults_in_sequence_resume_exactly(ray_local_module, exact_clean, tmp_path):
     # rank 0, the writer of the replicated state, killed while its step-2 checkpoint may still
     # be persisting in the background (a hang's end is the same SIGKILL: the sync fit's)
     faults = ("kill:rank=0,step=3,attempt=0",
               "nan:rank=0,step=7,attempt=1")
     weights, events = _fit(tmp_path, "async", faults, mode="async")
-    assert _equal(weights, clean)
+    assert same_weights(weights, exact_clean)
     a = _attempts(events)
     assert len(a) == 3 and [e["kind"] for e in a[2]][-1] == "finished"
     _assert_injected(a[0], kind="kill", rank=0)

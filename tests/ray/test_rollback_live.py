@@ -23,7 +23,8 @@ def _fit(tmp_path, name, faults=None, mode="sync", memory_tier=False, recovery="
 
 @pytest.fixture(scope="module")
 def clean(ray_local_module, exact_clean):
-    """The fault-free run's weights (one run for this file and test_live_replace.py)."""
+    """The fault-free run's weights (one run for this file, test_live_replace.py and
+    test_recovery_exact.py)."""
     return exact_clean
 
 

@@ -153,6 +153,24 @@ def test_dtensor_found_in_plain_state_and_refused_by_the_format(group):
         write_shard(Path("/nonexistent-never-written"), 0, state)
 
 
+def test_a_dtensor_in_report_state_ends_the_run_naming_sharded(group):
+    """What ``report(state=)`` checks before any peer waits (``check_checkpointable``): a
+    DTensor there is refused with the path and the ``sharded=`` fix, as an error that is
+    never retried (the end-to-end run of such an error, its ``Fix:`` in ``fit()``'s error and
+    no second attempt: tests/ray/test_crash_loop.py's unsaveable state)."""
+    from rayguard.checkpoint.checkpointable import check_checkpointable
+    from rayguard.exceptions import StateNotCheckpointableError
+    from rayguard.failures import classify
+
+    model = _fsdp_model()
+    check_checkpointable({"step": 1, "w": torch.zeros(2)}, 1)  # plain values pass
+    with pytest.raises(StateNotCheckpointableError,
+                       match=r"rank 1: state\['model'\]\['0\.weight'\].* is a DTensor") as info:
+        check_checkpointable({"model": model.state_dict(), "step": 1}, 1)
+    assert "sharded={'model': model, 'optim': opt}" in str(info.value)
+    assert classify(info.value).fatal
+
+
 def test_check_sharded_arg(group):
     from rayguard.train.sharded import check_sharded_arg
 

@@ -114,7 +114,8 @@ def test_a_lost_node_falls_back_to_a_group_restart(harness):
 
 
 def test_a_replacement_that_dies_before_its_first_commit_falls_back_to_one_restart(harness):
-    # tests/ray/test_live_replace.py::test_a_replacement_that_dies_in_its_set_up_falls_back_to_one_whole_group_restart
+    # attempts 2-4 of tests/ray/test_live_replace.py::
+    # test_kills_during_live_recoveries_release_the_survivor_or_fall_back_to_one_restart
     def twice(w):
         if (w.rank, w.attempt) == (1, 1):  # the replacement dies at once
             w.die("SIGKILL")
