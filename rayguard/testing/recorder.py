@@ -31,6 +31,31 @@ def read_reports(path: str) -> list[list[dict[str, Any]]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def report_json(metrics: dict[str, Any], state: dict[str, Any] | None = None) -> None:
+    """``ray.train.report(metrics)`` as Ray's docs write a loop's report; with ``state``, a
+    checkpoint of it as ``state.json`` (read back by :func:`json_checkpoint`)."""
+    import tempfile
+
+    import ray.train
+    from ray.train import Checkpoint
+
+    if state is None:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "state.json"), "w") as f:
+            json.dump(state, f)
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+
+
+def json_checkpoint(checkpoint: Any) -> dict[str, Any] | None:
+    """The state :func:`report_json` saved in ``checkpoint`` (``None``: no checkpoint)."""
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+        return json.load(f)
+
+
 def make_trainer(fn, tmp_path, *, num_workers: int = 2, config: dict | None = None,
                  guard: GuardConfig | None = None, callbacks=None, name: str = "run",
                  **run_kwargs) -> RobustTrainer:

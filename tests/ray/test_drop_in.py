@@ -5,15 +5,14 @@ RobustTrainer."""
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 
 import ray.train
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 import rayguard
+from rayguard.testing.recorder import json_checkpoint, report_json
 
 LOSSES = [4.0, 2.0, 3.0, 1.0, 5.0]
 
@@ -23,11 +22,8 @@ def ray_train_loop(config):
 
     ctx = ray.train.get_context()
     assert dist.is_initialized() and dist.get_world_size() == ctx.get_world_size() == 2
-    start = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
-            start = json.load(f)["step"] + 1
+    saved = json_checkpoint(ray.train.get_checkpoint())
+    start = 0 if saved is None else saved["step"] + 1
     resumed_from = start - 1
     marker = os.path.join(config["marker_dir"], "failed")
     for step in range(start, len(LOSSES)):
@@ -40,19 +36,12 @@ def ray_train_loop(config):
                 open(marker, "w").close()
                 raise RuntimeError("transient failure at step 3")
         metrics = {"loss": LOSSES[step], "step": step, "resumed_from": resumed_from}
-        if ctx.get_world_rank() == 0:
-            with tempfile.TemporaryDirectory() as d:
-                with open(os.path.join(d, "state.json"), "w") as f:
-                    json.dump({"step": step}, f)
-                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
-        else:
-            ray.train.report(metrics)
+        report_json(metrics, {"step": step} if ctx.get_world_rank() == 0 else None)
 
 
 def _summary(result):
     def step_of(ckpt):
-        with ckpt.as_directory() as d, open(os.path.join(d, "state.json")) as f:
-            return json.load(f)["step"]
+        return json_checkpoint(ckpt)["step"]
 
     return {
         "error": result.error,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 
 import ray.cloudpickle as cloudpickle
@@ -18,6 +17,7 @@ from ray import tune
 
 import rayguard
 import rayguard.tune as rt
+from rayguard.testing.recorder import json_checkpoint, report_json
 
 K = 4  # the loss explodes from this step on, on the first run only
 NAN_AT, RAY_STEPS = 6, 14  # the Ray Train loop: a NaN loss at step 6, on its first run only
@@ -27,13 +27,9 @@ def ray_train_fn(cfg):
     """As Ray's docs write a loop: a checkpoint every 2 steps (0, 2, 4, ...) through
     ``ray.train.report``, resumed from ``ray.train.get_checkpoint()``."""
     import ray.train
-    from ray.train import Checkpoint
 
-    start = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
-            start = json.load(f)["step"] + 1
+    saved = json_checkpoint(ray.train.get_checkpoint())
+    start = 0 if saved is None else saved["step"] + 1
     first = not os.path.exists(cfg["marker"])
     for step in range(start, RAY_STEPS):
         loss = 1.0 / (step + 1)
@@ -42,13 +38,7 @@ def ray_train_fn(cfg):
             open(cfg["marker"], "w").close()  # the anomaly happens on this run only
             time.sleep(1.0)  # slow from there on, so the sweep acts mid-run
         metrics = {"loss": loss, "step": step, "start": start}
-        if step % 2 == 0:
-            with tempfile.TemporaryDirectory() as d:
-                with open(os.path.join(d, "state.json"), "w") as f:
-                    json.dump({"step": step}, f)
-                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
-        else:
-            ray.train.report(metrics)
+        report_json(metrics, {"step": step} if step % 2 == 0 else None)
 
 
 def trial_fn(config):
