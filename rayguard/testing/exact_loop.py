@@ -3,7 +3,8 @@
 Each entry into the function appends one line to ``config["log"]`` (rank, pid, attempt, Ray's
 view of the rank, the step it resumed from, what ``ray.train.get_checkpoint()`` answered), and
 rank 0 appends each completed step, with its time, to ``config["log"] + ".steps"``; rank 0
-saves the final weights to ``config["out"]``. Dropout and the rank's own random batches
+saves the final weights to ``config["out"]``. With ``config["settle_memory"]`` each step waits
+for the memory tier's background registration of its copies. Dropout and the rank's own random batches
 make the weights depend on every rank's RNG state, so only an exact restore of the model,
 the optimizer and the RNG reproduces a run without faults bit for bit.
 """
@@ -69,6 +70,13 @@ def exact_loop(config: dict[str, Any]) -> None:
                 f.write(json.dumps({"step": step, "t": time.time(), "pid": os.getpid()}) + "\n")
         keep = ctx.rank == 0 and (step + 1) % every == 0
         rayguard.train.report({"loss": loss.item(), "step": step}, state=state if keep else None)
+        if config.get("settle_memory"):
+            # the memory tier registers a step's copies in the background: wait for them, so
+            # that a fault at the next step finds them (a kill during the registration is the
+            # disk fallback, a path of its own)
+            from rayguard.train.memory_tier import flush
+
+            flush()
     dist.barrier()
     if ctx.rank == 0:
         torch.save(model.state_dict(), config["out"])
@@ -76,11 +84,12 @@ def exact_loop(config: dict[str, Any]) -> None:
 
 def fit_exact(tmp_path: Any, name: str, *, steps: int, faults: str | None = None,
               recovery: Any = "live", mode: Any = "sync", memory_tier: bool = False,
-              num_workers: int = 2, health: Any = None,
+              num_workers: int = 2, health: Any = None, settle_memory: bool = False,
               **run_kwargs: Any) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
     """Run :func:`exact_loop` for ``steps`` under ``RobustTrainer`` (seed 0, NUMA off; a
-    ``rayguard.HealthConfig`` when given) in ``tmp_path``; returns rank 0's final weights,
-    the run's events and the entries of every rank into the function."""
+    ``rayguard.HealthConfig`` when given; ``settle_memory``: see :func:`exact_loop`) in
+    ``tmp_path``; returns rank 0's final weights, the run's events and the entries of every
+    rank into the function."""
     import torch
 
     import rayguard
@@ -92,7 +101,8 @@ def fit_exact(tmp_path: Any, name: str, *, steps: int, faults: str | None = None
                                  checkpoint=rayguard.CheckpointConfig(mode=mode,
                                                                       memory_tier=memory_tier),
                                  **({"health": health} if health is not None else {}))
-    result = make_trainer(exact_loop, tmp_path, config={"steps": steps, "out": out, "log": log},
+    result = make_trainer(exact_loop, tmp_path, config={"steps": steps, "out": out, "log": log,
+                                                          "settle_memory": settle_memory},
                           guard=guard, name=name, num_workers=num_workers, **run_kwargs).fit()
     return torch.load(out, weights_only=True), read_events(result.path), read_lines(log)
 

@@ -64,8 +64,8 @@ def test_killed_hung_and_raising_workers_are_replaced_alone(clean, planted_spare
         tmp_path, "kills",
         faults="kill:rank=1,step=3;kill:rank=0,step=7,attempt=1;hang:rank=1,step=8,attempt=2;"
                "raise:rank=1,step=9,attempt=3",
-        memory_tier=True, health=rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120,
-                                                       max_restarts=4))
+        memory_tier=True, settle_memory=True,  # each copy registered before the next fault
+        health=rayguard.HealthConfig(stall_timeout_s=3, startup_timeout_s=120, max_restarts=4))
     assert same_weights(weights, clean)
     kinds = [e["kind"] for e in events]
     assert kinds.count("worker_died") == 4 and kinds[-1] == "finished", kinds
