@@ -213,13 +213,13 @@ files."""
 
 FILE_SECONDS = {f"tests/ray/test_{name}.py": s for name, s in (
     ("ray_report_loops", 300), ("live_replace", 200), ("recovery_exact", 150),
-    ("sharded_checkpoint", 110), ("frameworks_transformers", 126), ("user_loop", 119),
-    ("frameworks_lightning", 118), ("divergence", 93), ("frameworks_accelerate", 90),
-    ("rollback_live", 81), ("job_submit", 70), ("preemption", 40),
-    ("drop_in", 66), ("checkpoint_async", 64), ("torchft", 60), ("crash_loop", 57),
-    ("checkpoint_trainer", 54), ("quickstart_readme", 52), ("hang_diagnosis", 52),
-    ("cli_connect", 50), ("tune_robust_trainer", 70), ("checkpoint_remote", 80),
-    ("doctor_trainer", 39), ("observe_straggler", 37), ("startup_bound", 31))}
+    ("frameworks_transformers", 126), ("user_loop", 119), ("frameworks_lightning", 118),
+    ("sharded_checkpoint", 110), ("divergence", 93), ("frameworks_accelerate", 90),
+    ("rollback_live", 81), ("checkpoint_remote", 80), ("job_submit", 70),
+    ("tune_robust_trainer", 70), ("drop_in", 66), ("checkpoint_async", 64), ("torchft", 60),
+    ("crash_loop", 57), ("checkpoint_trainer", 54), ("quickstart_readme", 52),
+    ("hang_diagnosis", 52), ("cli_connect", 50), ("preemption", 40), ("doctor_trainer", 39),
+    ("observe_straggler", 37), ("startup_bound", 31))}
 """The shared cluster's slowest files, seconds of their tests in one ``make test`` (pytest's
 ``--durations=0``). Under pytest-xdist they are handed out longest first, so that the last
 files given out are short ones and neither worker ends long before the other; a file not

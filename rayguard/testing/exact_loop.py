@@ -4,9 +4,9 @@ Each entry into the function appends one line to ``config["log"]`` (rank, pid, a
 view of the rank, the step it resumed from, what ``ray.train.get_checkpoint()`` answered), and
 rank 0 appends each completed step, with its time, to ``config["log"] + ".steps"``; rank 0
 saves the final weights to ``config["out"]``. With ``config["settle_memory"]`` each step waits
-for the memory tier's background registration of its copies. Dropout and the rank's own random batches
-make the weights depend on every rank's RNG state, so only an exact restore of the model,
-the optimizer and the RNG reproduces a run without faults bit for bit.
+for the memory tier's background registration of its copies. Dropout and the rank's own
+random batches make the weights depend on every rank's RNG state, so only an exact restore of
+the model, the optimizer and the RNG reproduces a run without faults bit for bit.
 """
 
 from __future__ import annotations

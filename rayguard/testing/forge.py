@@ -17,6 +17,19 @@ from rayguard.checkpoint.hashing import digest_bytes
 from rayguard.checkpoint.manifest import MANIFEST_NAME
 
 
+def flip_byte(path: str | os.PathLike[str], offset: int | None = None,
+              mask: int = 0xFF) -> None:
+    """Silent corruption (bit rot, not a forgery): the byte at ``offset`` of ``path`` (its
+    middle when ``None``) XOR ``mask``; the size does not change."""
+    with open(path, "r+b") as f:
+        if offset is None:
+            offset = f.seek(0, os.SEEK_END) // 2
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ mask]))
+
+
 def forge_file(checkpoint_dir: str | os.PathLike[str], rel_path: str, data: bytes) -> None:
     """Write ``data`` as ``rel_path`` of the checkpoint and make its manifest entry match."""
     root = Path(checkpoint_dir)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from typing import Any
 
-from ray.train import UserCallback
+import ray.train
+from ray.train import Checkpoint, UserCallback
 from ray.train.v2.api.config import RunConfig, ScalingConfig
 
 from rayguard.config import GuardConfig
@@ -34,11 +36,6 @@ def read_reports(path: str) -> list[list[dict[str, Any]]]:
 def report_json(metrics: dict[str, Any], state: dict[str, Any] | None = None) -> None:
     """``ray.train.report(metrics)`` as Ray's docs write a loop's report; with ``state``, a
     checkpoint of it as ``state.json`` (read back by :func:`json_checkpoint`)."""
-    import tempfile
-
-    import ray.train
-    from ray.train import Checkpoint
-
     if state is None:
         ray.train.report(metrics)
         return

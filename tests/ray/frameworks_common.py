@@ -17,6 +17,8 @@ from typing import Any
 
 import ray.cloudpickle as cloudpickle
 
+from rayguard.testing.forge import flip_byte
+
 ROOT = Path(__file__).resolve().parents[2]
 
 LIVE_WAIT_S = 120.0
@@ -59,17 +61,6 @@ def kill_self() -> None:
 def checkpoint_dirs(run_dir: str) -> list[str]:
     """The run's persisted Ray checkpoints, oldest first (Ray names them by time)."""
     return sorted(str(p) for p in Path(run_dir).glob("checkpoint_*") if p.is_dir())
-
-
-def flip_byte(path: str) -> None:
-    """Silent corruption: one byte in the middle of ``path`` changes, the size does not."""
-    with open(path, "r+b") as f:
-        f.seek(0, os.SEEK_END)
-        middle = f.tell() // 2
-        f.seek(middle)
-        byte = f.read(1)
-        f.seek(middle)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def wait_registered(run_dir: str, timeout_s: float = 120) -> str:

@@ -19,6 +19,7 @@ from ray.train import RunConfig, ScalingConfig
 
 import rayguard
 from rayguard.events import read as read_events
+from rayguard.testing.forge import flip_byte
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -57,14 +58,6 @@ def _fit(fs, steps, faults=None):
         guard_config=rayguard.GuardConfig(seed=0, numa="off", faults=faults)).fit()
 
 
-def _flip(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
 def test_remote_storage_commits_recovers_and_falls_back(ray_local, tmp_path):
     bucket = tmp_path / "bucket"
     bucket.mkdir()
@@ -86,9 +79,8 @@ def test_remote_storage_commits_recovers_and_falls_back(ray_local, tmp_path):
     # Bit-rot in the bucket: a DCP shard of the newest checkpoint, a plain state shard of the
     # one before; each fails verification after download.
     newest, before = run / names[-1], run / names[-2]
-    dcp = newest / "dcp" / "__1_0.distcp"
-    _flip(dcp, os.path.getsize(dcp) // 2)
-    _flip(before / next(p for p in os.listdir(before) if p.endswith(".safetensors")), 150)
+    flip_byte(newest / "dcp" / "__1_0.distcp")
+    flip_byte(before / next(p for p in os.listdir(before) if p.endswith(".safetensors")), 150)
     again = _fit(fs, steps=6)
     events = read_events(again.path, again.filesystem)
     rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]

@@ -14,6 +14,7 @@ from ray.train import CheckpointConfig, RunConfig, ScalingConfig
 import rayguard
 from rayguard import checkpoint as ck
 from rayguard.events import read as read_events
+from rayguard.testing.forge import flip_byte
 
 
 def ckpt_loop(config):
@@ -67,11 +68,7 @@ def test_corrupt_latest_falls_back_and_other_world_size_resumes(ray_local, tmp_p
     assert result.checkpoint.path.endswith(names[-1])
     newest, second, third = (os.path.join(result.path, n) for n in reversed(names))
     shard = next(p for p in os.listdir(newest) if p.endswith(".safetensors"))
-    with open(os.path.join(newest, shard), "r+b") as f:  # flip one byte
-        f.seek(200)
-        byte = f.read(1)
-        f.seek(200)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    flip_byte(os.path.join(newest, shard), 200)
     shard2 = os.path.join(second, shard)
     os.truncate(shard2, os.path.getsize(shard2) - 10)
     assert not ck.verify(newest).ok and not ck.verify(second).ok

@@ -135,14 +135,6 @@ def test_reshard_on_restart_at_another_size(clean, tmp_path):
     assert committed[-2:] == [STEPS, STEPS + 1]  # training continued at the new size
 
 
-def _flip_byte(path):
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0x01]))
-
-
 def test_damaged_and_forged_dcp_checkpoints_are_rejected_and_an_older_one_loads(
         clean, tmp_path):
     """Each of the four newest checkpoints is damaged in its own way: a flipped byte, a
@@ -152,10 +144,10 @@ def test_damaged_and_forged_dcp_checkpoints_are_rejected_and_an_older_one_loads(
     what is wrong, the forged one by the class it refuses to unpickle), loads the fifth once
     (no crash loop), resharded from the 2 ranks that saved it, and the command never runs in
     any worker."""
-    from rayguard.testing.forge import command_pickle, forge_file
+    from rayguard.testing.forge import command_pickle, flip_byte, forge_file
 
     by_step = _copy(clean, tmp_path, "damaged")
-    _flip_byte(os.path.join(by_step[5], "dcp", "__1_0.distcp"))
+    flip_byte(os.path.join(by_step[5], "dcp", "__1_0.distcp"), mask=0x01)
     os.remove(os.path.join(by_step[4], "dcp", ".metadata"))
     with open(os.path.join(by_step[3], "dcp", "__0_0.distcp"), "r+b") as f:
         f.truncate(os.path.getsize(f.name) - 7)
