@@ -290,40 +290,6 @@ def test_mixing_rayguard_and_ray_reports_runs_to_the_end(ray_local, tmp_path):
     assert trainer.last_metrics["step"] == 7
 
 
-def unloadable_state_loop(config):
-    """The same for load_state(): the newest state verifies, the loop cannot use it."""
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    state = rayguard.train.load_state()
-    start = 0
-    if state is not None:
-        if state["format"] != 1:
-            raise ValueError("unknown state format")
-        start = state["step"] + 1
-        with open(os.path.join(config["marker_dir"], f"resumed-{rank}-{start}"), "w"):
-            pass
-    for step in range(start, 6):
-        save = step in (1, 3)
-        rayguard.train.report({"loss": 1.0, "step": step}, state={
-            "step": step, "format": 1 if step == 1 else 2} if save else None)
-        if step == 4 and rank == 1 and _once(config["marker_dir"], "kill"):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def test_a_verified_state_the_loop_cannot_use_is_rejected_after_the_repeat(ray_local, tmp_path):
-    marker = tmp_path / "markers"
-    marker.mkdir()
-    trainer = make_trainer(unloadable_state_loop, tmp_path, name="unloadable-state",
-                           config={"marker_dir": str(marker)})
-    result = trainer.fit()
-    assert result.error is None
-    events = read_events(trainer.run_dir)
-    rejected = [e for e in events if e["kind"] == "checkpoint_rejected"]
-    assert len(rejected) == 1 and "cannot load it" in rejected[0]["detail"], rejected
-    assert (marker / "resumed-0-2").exists()
-
-
 def test_a_killed_worker_is_replaced_live_then_a_nan_rolls_back_in_place_from_signed_checkpoints(
         ray_local, tmp_path):
     """GuardConfig(recovery="live", the default), with a checkpoint key: every sealed

@@ -17,6 +17,7 @@ from ray.train.v2.api.exceptions import WorkerGroupError
 import rayguard
 from rayguard.controller.failure_policy import STOP_REASON_KEY
 from rayguard.exceptions import StateNotCheckpointableError
+from rayguard.run.facts import loaded_key
 
 
 def bug(w):
@@ -153,3 +154,57 @@ def test_a_worker_that_dies_is_never_a_crash_loop(harness, workers):
     died = h.events("worker_died")
     assert {e["failure"] for e in died} == {"kill"}
     assert all("worker process died" in e["detail"] for e in died)
+
+
+def unloadable(fresh: bool):
+    """Checkpoints at steps 1 and 3 (rank 0), rank 1 killed at step 4 in attempt 0; every
+    resume then reads the newest checkpoint not rejected and names it, as
+    ``ray.train.get_checkpoint()`` and ``load_state()`` do (rank 0), and fails on step 3's (a
+    format the loop no longer reads). ``fresh``: the loop reads none (starts over) and fails
+    at the same place."""
+    def loop(w):
+        if w.ticks == 1 and w.attempt > 0:  # this process's resume
+            rejected = w.coordinator.rejected_checkpoints()
+            path = None if fresh else next(p for p in ("checkpoint_000003", "checkpoint_000001")
+                                           if p not in rejected)
+            if w.rank == 0:
+                w.link.put(loaded_key(w.attempt), path)
+            if path in (None, "checkpoint_000003"):
+                raise ValueError("unknown checkpoint format")
+            w.step = 1
+        if w.step >= 5:
+            return w.finish()
+        if w.attempt == 0 and w.step == 4 and w.rank == 1:
+            return w.die("SIGKILL")
+        w.report(loss=1.0)
+        if w.rank == 0 and w.step in (1, 3):
+            w.commit(f"checkpoint_{w.step:06d}")
+    return loop
+
+
+def test_the_checkpoint_a_repeat_could_not_load_is_rejected_and_the_next_resumes_older(harness):
+    # tests/ray/test_ray_report_loops.py::test_a_verified_checkpoint_the_loop_cannot_load_is_rejected_after_the_repeat
+    # (ray.train.get_checkpoint()); the same decision for load_state(), whose end-to-end fit
+    # this replaced: that it names the checkpoint it reads and skips a rejected one is
+    # tests/unit/train/test_protocol.py::test_a_checkpoint_the_crash_loop_rule_rejected_is_skipped_and_the_one_read_named
+    h = harness(unloadable(fresh=False), guard=rayguard.GuardConfig(
+        numa="off", preflight=False, recovery="restart"),
+        failure_config=FailureConfig(max_failures=3)).run()
+    assert h.state == "FINISHED" and h.error is None, h.error
+    assert attempts(h) == [0, 1, 2, 3]  # the kill; the first failed load; its repeat; older
+    (rejected,) = h.events("checkpoint_rejected")
+    assert rejected["path"] == "checkpoint_000003" and rejected["attempt"] == 2, rejected
+    assert "attempts 1-2 resumed from it" in rejected["detail"]
+    assert "cannot load it" in rejected["detail"]
+    assert list(h.coordinator.rejected_checkpoints()) == ["checkpoint_000003"]
+    assert "crash_loop" not in h.kinds()
+    assert h.coordinator.get_progress()["step"] == 5  # resumed from step 1's, ran to the end
+
+
+def test_a_repeat_that_loaded_no_checkpoint_is_a_crash_loop(harness):
+    # nothing to reject (the attempts started fresh): the crash-loop rule ends the run
+    h = harness(unloadable(fresh=True), guard=rayguard.GuardConfig(
+        numa="off", preflight=False, recovery="restart"),
+        failure_config=FailureConfig(max_failures=3)).run()
+    assert h.state == "ERRORED" and attempts(h) == [0, 1, 2]
+    assert not h.events("checkpoint_rejected") and h.kinds().count("crash_loop") == 1

@@ -210,6 +210,32 @@ def test_load_skips_a_corrupt_newest_checkpoint_and_remembers_it(root: Path) -> 
     assert str(root / protocol.checkpoint_name(2, 0)) in LocalStore(str(root)).rejected()
 
 
+def test_a_checkpoint_the_crash_loop_rule_rejected_is_skipped_and_the_one_read_named(
+        root: Path) -> None:
+    """What ``load_state()`` does for the crash-loop rule (the controller's, proved in
+    tests/unit/controller/test_harness_crash_loop.py): ``on_chosen`` is told, on every rank,
+    the checkpoint it is about to read (rank 0 names it to the run's coordinator), and a
+    checkpoint the rule rejected, though it verifies, is not offered again."""
+    _save(ThreadGroup(WORLD), LocalStore(str(root)), step=2)
+    newest, older = (str(root / protocol.checkpoint_name(s, 0)) for s in (2, 1))
+    chosen: list[str | None] = []
+    group = ThreadGroup(WORLD)
+    group.run(lambda c: protocol.load(c, LocalStore(str(root)), tag="load1",
+                                      on_chosen=chosen.append))
+    assert chosen == [newest] * WORLD
+    chosen.clear()
+    group = ThreadGroup(WORLD)
+    group.rejections[newest] = "attempts 1-2 resumed from it and failed the same way"
+    restored = group.run(lambda c: protocol.load(c, LocalStore(str(root)), tag="load1",
+                                                 on_chosen=chosen.append))
+    assert [r.step for r in restored] == [1] * WORLD and chosen == [older] * WORLD
+    assert not [e for e in group.events if e["kind"] == "checkpoint_rejected"]  # not again
+    chosen.clear()
+    ThreadGroup(WORLD).run(lambda c: protocol.load(c, LocalStore(str(root / "empty")),
+                                                   tag="load1", on_chosen=chosen.append))
+    assert chosen == [None] * WORLD  # a fresh start names none
+
+
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
 def test_a_later_fit_reaching_a_step_again_commits_beside_the_earlier_ones_checkpoint(
         tmp_path: Path, remote: bool) -> None:
