@@ -182,14 +182,19 @@ def unloadable(fresh: bool):
     return loop
 
 
+def run_unloadable(harness, *, fresh: bool):
+    """:func:`unloadable` under the whole-group restart, with room for three restarts."""
+    return harness(unloadable(fresh), guard=rayguard.GuardConfig(
+        numa="off", preflight=False, recovery="restart"),
+        failure_config=FailureConfig(max_failures=3)).run()
+
+
 def test_the_checkpoint_a_repeat_could_not_load_is_rejected_and_the_next_resumes_older(harness):
     # tests/ray/test_ray_report_loops.py::test_a_verified_checkpoint_the_loop_cannot_load_is_rejected_after_the_repeat
     # (ray.train.get_checkpoint()); the same decision for load_state(), whose end-to-end fit
     # this replaced: that it names the checkpoint it reads and skips a rejected one is
     # tests/unit/train/test_protocol.py::test_a_checkpoint_the_crash_loop_rule_rejected_is_skipped_and_the_one_read_named
-    h = harness(unloadable(fresh=False), guard=rayguard.GuardConfig(
-        numa="off", preflight=False, recovery="restart"),
-        failure_config=FailureConfig(max_failures=3)).run()
+    h = run_unloadable(harness, fresh=False)
     assert h.state == "FINISHED" and h.error is None, h.error
     assert attempts(h) == [0, 1, 2, 3]  # the kill; the first failed load; its repeat; older
     (rejected,) = h.events("checkpoint_rejected")
@@ -203,8 +208,6 @@ def test_the_checkpoint_a_repeat_could_not_load_is_rejected_and_the_next_resumes
 
 def test_a_repeat_that_loaded_no_checkpoint_is_a_crash_loop(harness):
     # nothing to reject (the attempts started fresh): the crash-loop rule ends the run
-    h = harness(unloadable(fresh=True), guard=rayguard.GuardConfig(
-        numa="off", preflight=False, recovery="restart"),
-        failure_config=FailureConfig(max_failures=3)).run()
+    h = run_unloadable(harness, fresh=True)
     assert h.state == "ERRORED" and attempts(h) == [0, 1, 2]
     assert not h.events("checkpoint_rejected") and h.kinds().count("crash_loop") == 1

@@ -40,9 +40,9 @@ def _save(group: ThreadGroup, store: CheckpointStore, step: int, attempt: int = 
                                              attempt=attempt, tag=f"report{step}"))
 
 
-def _load(root: Path) -> list[Any]:
-    group = ThreadGroup(WORLD)
-    return group.run(lambda c: protocol.load(c, LocalStore(str(root)), tag="load1"))
+def _load(root: Path, group: ThreadGroup | None = None, **kwargs: Any) -> list[Any]:
+    group = group or ThreadGroup(WORLD)
+    return group.run(lambda c: protocol.load(c, LocalStore(str(root)), tag="load1", **kwargs))
 
 
 def _committed(root: Path) -> list[str]:
@@ -219,20 +219,16 @@ def test_a_checkpoint_the_crash_loop_rule_rejected_is_skipped_and_the_one_read_n
     _save(ThreadGroup(WORLD), LocalStore(str(root)), step=2)
     newest, older = (str(root / protocol.checkpoint_name(s, 0)) for s in (2, 1))
     chosen: list[str | None] = []
-    group = ThreadGroup(WORLD)
-    group.run(lambda c: protocol.load(c, LocalStore(str(root)), tag="load1",
-                                      on_chosen=chosen.append))
+    _load(root, on_chosen=chosen.append)
     assert chosen == [newest] * WORLD
     chosen.clear()
     group = ThreadGroup(WORLD)
     group.rejections[newest] = "attempts 1-2 resumed from it and failed the same way"
-    restored = group.run(lambda c: protocol.load(c, LocalStore(str(root)), tag="load1",
-                                                 on_chosen=chosen.append))
+    restored = _load(root, group, on_chosen=chosen.append)
     assert [r.step for r in restored] == [1] * WORLD and chosen == [older] * WORLD
     assert not [e for e in group.events if e["kind"] == "checkpoint_rejected"]  # not again
     chosen.clear()
-    ThreadGroup(WORLD).run(lambda c: protocol.load(c, LocalStore(str(root / "empty")),
-                                                   tag="load1", on_chosen=chosen.append))
+    _load(root / "empty", on_chosen=chosen.append)
     assert chosen == [None] * WORLD  # a fresh start names none
 
 
