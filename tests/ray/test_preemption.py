@@ -63,11 +63,16 @@ def test_sigterm_checkpoints_just_in_time_between_checkpoints_paced_at_the_inter
     saved = [e for e in events if e["kind"] == "preemption_checkpoint"]
     restored = [e for e in events if e["kind"] == "restored"]
     commits = [e for e in events if e["kind"] == "checkpoint_committed"]
-    # the preemption: noticed at step 30's report, every rank checkpoints at the next step
+    # the preemption: noticed at step 30's report, every rank checkpoints at the next step;
+    # when the paced checkpoint falls due at step 30 itself, that save answers the notice
+    # (tests/unit/train/test_preemption.py proves both)
     assert [(e["rank"], e["attempt"], e["source"]) for e in notices] == [(1, 0, "SIGTERM")]
     assert len(saved) == 1 and saved[0]["attempt"] == 0
     jit_step = saved[0]["step"]
-    assert jit_step == 31
+    for rank in range(2):
+        first_asked = min(s for s in _asked(tmp_path, 0, rank) if s >= 30)
+        assert first_asked == jit_step, (rank, _asked(tmp_path, 0, rank), jit_step)
+    assert jit_step in (30, 31)
     paced_before = [e["step"] for e in commits if e["attempt"] == 0 and e["step"] < jit_step]
     assert paced_before, commits  # the paced ones before it are older
     assert [(e["attempt"], e["step"]) for e in restored] == [(1, jit_step)]
