@@ -17,6 +17,7 @@ from rayguard.checkpoint.reader import read_shard
 from rayguard.checkpoint.writer import write_shard
 from rayguard.config import CheckpointConfig
 from rayguard.exceptions import CheckpointCorruptError, CheckpointError, ConfigError
+from rayguard.testing.forge import flip_byte
 
 
 def _save(root: Path, step: int, scheme: str | None) -> Path:
@@ -56,9 +57,7 @@ def test_sha256_and_blake3_checkpoints_verify_side_by_side_and_fall_back(tmp_pat
     assert verify(old).ok and verify(new).ok
     assert scan(tmp_path).chosen == new
     shard = new / "shard-rank00000.safetensors"
-    data = bytearray(shard.read_bytes())
-    data[-10] ^= 0xFF
-    shard.write_bytes(bytes(data))
+    flip_byte(shard, shard.stat().st_size - 10)
     result = scan(tmp_path)
     assert result.chosen == old and read_shard(old, 0)["step"] == 1
     assert "blake3 mismatch in bytes" in result.rejected[0].problems[0].what

@@ -5,6 +5,7 @@ under a rayguard manifest, corrupted one way at a time, rejected, with fallback.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from rayguard.checkpoint.manifest import FileRecord, Manifest
 from rayguard.checkpoint.reader import read_shard
 from rayguard.checkpoint.writer import write_shard
 from rayguard.exceptions import CheckpointError, SerializationError
+from rayguard.testing.forge import flip_byte
 
 
 def test_owner_of_dcp_files():
@@ -80,22 +82,16 @@ def _dcp_checkpoint(root: Path, step: int, value: float) -> Path:
     return commit(staging, final, [record], world_size=1, step=step, metadata=meta)
 
 
-def _flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 def _truncate(path: Path) -> None:
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 3)
 
 
 @pytest.mark.parametrize("damage, file, what", [
-    (_flip, "__0_0.distcp", "blake3 mismatch"),
+    (partial(flip_byte, mask=0x01), "__0_0.distcp", "blake3 mismatch"),
     (Path.unlink, ".metadata", "missing"),
     (_truncate, "__0_0.distcp", "size is"),
-    (_flip, ".metadata", "blake3 mismatch"),
+    (partial(flip_byte, mask=0x01), ".metadata", "blake3 mismatch"),
 ])
 def test_damaged_dcp_file_is_rejected_and_the_older_one_chosen(tmp_path, damage, file, what):
     old = _dcp_checkpoint(tmp_path, 1, 1.0)
@@ -268,7 +264,7 @@ def test_plan_verification_splits_every_file_once():
 
 def test_verify_share_hashes_only_its_files(tmp_path):
     path = _dcp_checkpoint(tmp_path, 1, 1.0)
-    _flip(path / "dcp" / "__0_0.distcp")
+    flip_byte(path / "dcp" / "__0_0.distcp", mask=0x01)
     shares = [sh.verify_share(path, r, 3) for r in range(3)]
     assert sum(s.files_hashed for s in shares) == 3
     bad = [s for s in shares if not s.ok]

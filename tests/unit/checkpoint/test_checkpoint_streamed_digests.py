@@ -14,6 +14,7 @@ import torch
 
 from rayguard.checkpoint import file_digests, hashing
 from rayguard.checkpoint import sharded as sh
+from rayguard.testing.forge import flip_byte
 
 
 @pytest.mark.parametrize("threads", [0, 3])
@@ -117,9 +118,7 @@ def test_a_corrupted_streamed_dcp_file_is_rejected_and_the_older_one_loaded(tmp_
     old, new = _streamed_checkpoint(tmp_path, 1), _streamed_checkpoint(tmp_path, 2)
     assert ck.verify(new).ok
     data = new / sh.DCP_DIR / "__0_0.distcp"
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0x01
-    data.write_bytes(bytes(raw))
+    flip_byte(data, mask=0x01)
     report = ck.verify(new)
     assert [p.file for p in report.problems] == ["dcp/__0_0.distcp"]
     assert "blake3 mismatch" in report.problems[0].what

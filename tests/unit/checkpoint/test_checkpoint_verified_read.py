@@ -17,6 +17,7 @@ from rayguard.checkpoint.manifest import MANIFEST_NAME
 from rayguard.checkpoint.schemes import CHUNK_SIZE_BYTES as C
 from rayguard.exceptions import CheckpointError
 from rayguard.testing.collective import ThreadGroup
+from rayguard.testing.forge import flip_byte
 from rayguard.train import checkpointing, protocol
 from rayguard.train import sharded as adapter
 from rayguard.train.store import LocalStore
@@ -77,14 +78,6 @@ def _target() -> dict:
             "extra": {"n": -1}}
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
-
-
 def _load_verified(ckpt: Path, target: dict) -> tuple:
     group = ThreadGroup(1)
     [out] = group.run(lambda c: adapter.load_verified(c, str(ckpt), target, read_manifest(ckpt),
@@ -140,7 +133,7 @@ def test_a_corrupt_chunk_is_refused_before_anything_in_it_reaches_the_state(tmp_
     ckpt = _checkpoint(tmp_path, 3)
     data = ckpt / sh.DCP_DIR / "__0_0.distcp"
     size = data.stat().st_size
-    _flip(data, size - 4096)
+    flip_byte(data, size - 4096, mask=0x01)
     target = _target()
     [problem] = _load_verified(ckpt, target)
     last = (size - 1) // C
@@ -171,7 +164,7 @@ def _load_state(root: Path, target: dict) -> object:
 
 def test_load_state_rejects_a_checkpoint_corrupt_on_read_and_loads_the_older_one(tmp_path: Path) -> None:
     old, new = _checkpoint(tmp_path, 1), _checkpoint(tmp_path, 2)
-    _flip(new / sh.DCP_DIR / "__0_0.distcp", (new / sh.DCP_DIR / "__0_0.distcp").stat().st_size // 2)
+    flip_byte(new / sh.DCP_DIR / "__0_0.distcp", mask=0x01)
     assert [p.file for p in sh.verify_share(new, 0, 1, dcp_data=False).problems] == []
     target = _target()
     restored = _load_state(tmp_path, target)
@@ -189,7 +182,8 @@ def test_load_state_fails_the_attempt_when_no_checkpoint_is_left_after_a_partial
     """One segment per chunk: ``a`` is loaded before the bad chunk under ``b`` is found."""
     monkeypatch.setattr(vr, "SEGMENT_BYTES", C)
     only = _checkpoint(tmp_path, 1)
-    _flip(only / sh.DCP_DIR / "__0_0.distcp", (only / sh.DCP_DIR / "__0_0.distcp").stat().st_size - 10)
+    flip_byte(only / sh.DCP_DIR / "__0_0.distcp", (only / sh.DCP_DIR / "__0_0.distcp").stat().st_size - 10,
+              mask=0x01)
     target = _target()
     out = _load_state(tmp_path, target)
     assert isinstance(out, CheckpointError) and "partly loaded from" in str(out)
@@ -201,7 +195,7 @@ def test_a_rejection_that_used_nothing_leaves_a_fresh_start(tmp_path: Path) -> N
     """The bad chunk is the first one, in the first segment: found before any item is used, so
     with no older checkpoint the load is a fresh start, as when the check came first."""
     only = _checkpoint(tmp_path, 1)
-    _flip(only / sh.DCP_DIR / "__0_0.distcp", 100)
+    flip_byte(only / sh.DCP_DIR / "__0_0.distcp", 100, mask=0x01)
     target = _target()
     assert _load_state(tmp_path, target) is None
     assert bool((target["model"]["a"] == SENTINEL).all())

@@ -23,6 +23,7 @@ from rayguard.checkpoint.commit import STAGING_PREFIX
 from rayguard.checkpoint.rng import capture_rng_state
 from rayguard.exceptions import CheckpointError
 from rayguard.testing.collective import PeerLost, ThreadGroup
+from rayguard.testing.forge import flip_byte
 from rayguard.train import protocol
 from rayguard.train.collective import Collective
 from rayguard.train.store import CheckpointStore, LocalStore, RemoteStore, store_for
@@ -198,9 +199,7 @@ def test_a_disk_full_mid_write_fails_cleanly(root: Path) -> None:
 def test_load_skips_a_corrupt_newest_checkpoint_and_remembers_it(root: Path) -> None:
     _save(ThreadGroup(WORLD), LocalStore(str(root)), step=2)
     shard = root / protocol.checkpoint_name(2, 0) / "shard-rank00001.safetensors"
-    data = bytearray(shard.read_bytes())
-    data[-10] ^= 0xFF
-    shard.write_bytes(bytes(data))
+    flip_byte(shard, shard.stat().st_size - 10)
     group = ThreadGroup(WORLD)
     restored = group.run(lambda c: protocol.load(c, LocalStore(str(root)), tag="load1"))
     assert [r.step for r in restored] == [1] * WORLD
