@@ -20,10 +20,12 @@ from rayguard.checkpoint.manifest import MANIFEST_NAME
 def flip_byte(path: str | os.PathLike[str], offset: int | None = None,
               mask: int = 0xFF) -> None:
     """Silent corruption (bit rot, not a forgery): the byte at ``offset`` of ``path`` (its
-    middle when ``None``) XOR ``mask``; the size does not change."""
+    middle when ``None``; counted from the end when negative, as an index is) XOR ``mask``;
+    the size does not change."""
     with open(path, "r+b") as f:
-        if offset is None:
-            offset = f.seek(0, os.SEEK_END) // 2
+        if offset is None or offset < 0:
+            size = f.seek(0, os.SEEK_END)
+            offset = size // 2 if offset is None else size + offset
         f.seek(offset)
         byte = f.read(1)
         f.seek(offset)

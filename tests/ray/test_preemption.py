@@ -70,7 +70,7 @@ def test_sigterm_checkpoints_just_in_time_between_checkpoints_paced_at_the_inter
     assert len(saved) == 1 and saved[0]["attempt"] == 0
     jit_step = saved[0]["step"]
     for rank in range(2):
-        first_asked = min(s for s in _asked(tmp_path, 0, rank) if s >= 30)
+        first_asked = min((s for s in _asked(tmp_path, 0, rank) if s >= 30), default=None)
         assert first_asked == jit_step, (rank, _asked(tmp_path, 0, rank), jit_step)
     assert jit_step in (30, 31)
     paced_before = [e["step"] for e in commits if e["attempt"] == 0 and e["step"] < jit_step]

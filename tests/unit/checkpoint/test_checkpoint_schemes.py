@@ -57,7 +57,7 @@ def test_sha256_and_blake3_checkpoints_verify_side_by_side_and_fall_back(tmp_pat
     assert verify(old).ok and verify(new).ok
     assert scan(tmp_path).chosen == new
     shard = new / "shard-rank00000.safetensors"
-    flip_byte(shard, shard.stat().st_size - 10)
+    flip_byte(shard, -10)
     result = scan(tmp_path)
     assert result.chosen == old and read_shard(old, 0)["step"] == 1
     assert "blake3 mismatch in bytes" in result.rejected[0].problems[0].what

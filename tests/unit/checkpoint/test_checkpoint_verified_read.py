@@ -133,7 +133,7 @@ def test_a_corrupt_chunk_is_refused_before_anything_in_it_reaches_the_state(tmp_
     ckpt = _checkpoint(tmp_path, 3)
     data = ckpt / sh.DCP_DIR / "__0_0.distcp"
     size = data.stat().st_size
-    flip_byte(data, size - 4096, mask=0x01)
+    flip_byte(data, -4096, mask=0x01)
     target = _target()
     [problem] = _load_verified(ckpt, target)
     last = (size - 1) // C
@@ -182,8 +182,7 @@ def test_load_state_fails_the_attempt_when_no_checkpoint_is_left_after_a_partial
     """One segment per chunk: ``a`` is loaded before the bad chunk under ``b`` is found."""
     monkeypatch.setattr(vr, "SEGMENT_BYTES", C)
     only = _checkpoint(tmp_path, 1)
-    flip_byte(only / sh.DCP_DIR / "__0_0.distcp", (only / sh.DCP_DIR / "__0_0.distcp").stat().st_size - 10,
-              mask=0x01)
+    flip_byte(only / sh.DCP_DIR / "__0_0.distcp", -10, mask=0x01)
     target = _target()
     out = _load_state(tmp_path, target)
     assert isinstance(out, CheckpointError) and "partly loaded from" in str(out)
