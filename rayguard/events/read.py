@@ -20,6 +20,7 @@ from typing import Any
 from rayguard.constants import EVENTS_FILENAME, SWEEP_EVENTS_FILENAME
 from rayguard.events.fast import MARKER as STEPS_MARKER
 from rayguard.events.fast import decoder as fast_decoder
+from rayguard.events.fields import number
 from rayguard.events.files import LOG_FILENAMES, events_path, join, log_kind
 from rayguard.events.lines import EventSource, LineReader
 from rayguard.safejson import UnsafeJSONError, loads_line
@@ -149,7 +150,7 @@ def _sorted(out: ParsedLog) -> ParsedLog:
 
 
 def _num(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    return number(value) or 0.0
 
 
 def iter_events(source: EventSource, counts: ParsedLog | None = None) -> Iterator[dict[str, Any]]:

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayguard.events.fields import integer as _int
+from rayguard.events.fields import is_number
+
 NUMBER_FIELDS = ("time", "first_time", "last_time", "begin_time", "step_time_sum_s",
                  "replay_time_s")
 """Fields read as numbers (int or float, never a bool)."""
@@ -20,12 +23,9 @@ INT_FIELDS = ("attempt", "rank", "step", "first_step", "last_step", "intervals",
 """Fields read as integers (never a bool)."""
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _num(value: Any) -> int | float | None:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A number field as written (an int stays an int), else ``None``."""
+    return value if is_number(value) else None
 
 
 class StepSummary:

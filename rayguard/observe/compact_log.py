@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayguard.events.fields import integer
+from rayguard.events.fields import number as _num
 from rayguard.events.summary import StepSummary
 
 _DROP = ("samples", "details", "stacks", "guard_config", "detail")
 """Fields of a kept event the planner never reads (a stack dump's text, a config)."""
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _merge_commit(into: dict[str, Any], e: dict[str, Any]) -> None:
@@ -183,7 +181,7 @@ class CompactLog:
         first = self._first.get(attempt)
         if first is None or t < first:
             self._first[attempt] = t
-        if isinstance(step, int) and not isinstance(step, bool):
+        if integer(step) is not None:
             top = self._reached.get(attempt)
             if top is None:
                 self._reached[attempt] = [step, t]

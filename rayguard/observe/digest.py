@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from rayguard.events.fields import event_time
 from rayguard.events.lines import EventSource, split_points
 from rayguard.events.read import ParsedLog, iter_records
 from rayguard.events.summary import StepSummary
@@ -42,8 +43,7 @@ MAX_WORKERS = 4
 
 
 def _time(event: dict[str, Any]) -> float:
-    value = event.get("time")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    return event_time(event) or 0.0
 
 
 class LogDigest:

@@ -36,16 +36,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from rayguard.events.fields import event_time as _t
+from rayguard.events.fields import integer as _int
+from rayguard.events.fields import number as _num
 from rayguard.observe.goodput_steps import (
     OPTIMIZER_UNIT,
     optimizer_counts,
     replay_in_optimizer_steps,
 )
-from rayguard.observe.goodput_steps import event_time as _t
 from rayguard.observe.goodput_steps import first_step_start as _first_step_start
-from rayguard.observe.goodput_steps import integer as _int
 from rayguard.observe.goodput_steps import lead_steps as _steps_of
-from rayguard.observe.goodput_steps import number as _num
 from rayguard.observe.goodput_steps import span_step_time as _span_step_time
 from rayguard.observe.goodput_steps import step_time as _step_time
 

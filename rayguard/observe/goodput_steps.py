@@ -8,21 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
-def event_time(event: dict[str, Any]) -> float | None:
-    """An event's ``time`` (``None``: missing or not a number)."""
-    value = event.get("time")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def number(value: Any) -> float | None:
-    """``value`` as a float when it is a number (not a bool), else ``None``."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def integer(value: Any) -> int | None:
-    """``value`` when it is an int (not a bool), else ``None``."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+from rayguard.events.fields import event_time, integer, number
 
 
 def lead_steps(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,15 +15,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from rayguard.events.fields import event_time as _t
 from rayguard.observe.goodput import CAUSES, RESTART_PHASES, Goodput
 
 _NOT_MEASURED = ("start-up, replayed iterations and checkpoint time (not in a sweep log): "
                  "counted as productive, so the ratio is an upper bound",)
-
-
-def _t(event: dict[str, Any]) -> float | None:
-    value = event.get("time")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _stall_s(unhealthy: dict[str, Any] | None) -> float:

@@ -14,16 +14,14 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from rayguard.events.fields import integer as _int
+from rayguard.events.fields import number
 from rayguard.health.quarantine_file import attempts as entry_attempts
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _time(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
+    t = number(value)
+    return t if t is not None and math.isfinite(t) else None
 
 
 def _str(value: Any, default: str = "") -> str:

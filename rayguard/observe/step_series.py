@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayguard.events.fields import number as _number
 from rayguard.observe.thinning import MAX_POINTS, Thinned, thin
 
 MAX_METRICS = 4
 """Metric names collected while the one to draw is not known yet (the earliest summary's:
 one name in a real run; a crafted log cannot make the reader keep more)."""
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _time(chunk: tuple[float, Any]) -> float:

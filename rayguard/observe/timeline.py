@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from rayguard.events.fields import event_time
+from rayguard.events.fields import integer as _int
+from rayguard.events.fields import number as _number
 from rayguard.observe.causes import FAILURE_KINDS, failure_cause
 from rayguard.observe.table import one_line
 from rayguard.observe.thinning import MAX_POINTS, thin
@@ -30,17 +33,7 @@ FAULT_KINDS = {"worker_died": "died", "stall_detected": "hang", "nan_detected": 
 
 
 def _t(event: dict[str, Any]) -> float:
-    value = event.get("time")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _number(value: Any) -> float | None:
-    """A number field of a record, or None when the record holds something else there."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return event_time(event) or 0.0
 
 
 def build_run(events: list[dict[str, Any]], metric: str | None = None) -> dict[str, Any]:
