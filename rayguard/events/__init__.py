@@ -17,8 +17,9 @@ file alone.
 Parts: :mod:`~rayguard.events.kinds` (the kinds, which are notable),
 :mod:`~rayguard.events.record` (the record shape), :mod:`~rayguard.events.files` (where the
 logs live), :mod:`~rayguard.events.log` (the writer), :mod:`~rayguard.events.read` and
-:mod:`~rayguard.events.lines` (the reader). ``python -m rayguard.events RUN_DIR`` prints a
-log as ``rayguard events RUN_DIR`` does.
+:mod:`~rayguard.events.lines` (the reader), :mod:`~rayguard.events.fields` (a record's number
+fields, as every reader reads them). ``python -m rayguard.events RUN_DIR`` prints a log as
+``rayguard events RUN_DIR`` does.
 """
 
 from rayguard.events.files import events_path, sweep_events_path
