@@ -8,7 +8,9 @@ it resized the group in place, the group keeps running, else Ray's restart runs 
 The group is changed with the pieces Ray's own one-worker replacement uses
 (``WorkerGroup.replace_replica_group``): replica groups shut down or started at bundles of
 the group's placement group, the survivors' result queues cleared, the synchronization
-actor reset, the train context initialised on new workers.
+actor reset, the train context initialised on new workers. The same actor's report barrier
+is read and reset after Ray's own replacement of a replica group
+(:mod:`rayguard.controller.replica_barrier`).
 
 Relies on (Ray 2.59 and 2.60): ``TrainController._execute_resize_decision``,
 ``_run_controller_hook``, ``_get_run_attempt_id``, ``_state``, ``_worker_group``,
@@ -21,7 +23,9 @@ Relies on (Ray 2.59 and 2.60): ``TrainController._execute_resize_decision``,
 ``_worker_group_start_timeout_s``; ``DEFAULT_WORKER_GROUP_START_TIMEOUT_S`` of
 ``ray.train.v2._internal.constants``,
 ``_init_train_context``, ``_replica_group_callbacks``; ``ReplicaGroup``; a worker's
-``clear_result_queue``; the sync actor's ``reset``; the ``TrainController`` name that
+``clear_result_queue``; the sync actor's ``reset``, its ``_counter``,
+``_sync_start_times`` and (2.60) ``_arrived_ranks``, read through ``__ray_call__``
+(:func:`barrier_waiters`); the ``TrainController`` name that
 ``ray.train.v2.api.data_parallel_trainer`` starts its controller actor from
 (:func:`started_from`).
 """
@@ -57,9 +61,9 @@ require_attrs(TrainController, ("_execute_resize_decision", "_run_controller_hoo
 
 logger = logging.getLogger("rayguard")
 
-__all__ = ["GuardController", "align_replica_groups", "free_bundles", "grow_group", "place_fields",
-           "reset_barrier", "shrink_group", "start_new", "started_from",
-           "survivors_cleared", "worker_start_s"]
+__all__ = ["GuardController", "align_replica_groups", "barrier_waiters", "free_bundles",
+           "grow_group", "place_fields", "reset_barrier", "shrink_group", "start_new",
+           "started_from", "survivors_cleared", "worker_start_s"]
 
 
 class GuardController(TrainController):
@@ -187,6 +191,33 @@ def survivors_cleared(worker_group: Any, ranks: Sequence[int]) -> None:
 
 def reset_barrier(worker_group: Any) -> None:
     ray.get(worker_group._worker_group_state.sync_actor.reset.remote(), timeout=60)
+
+
+def barrier_waiters(worker_group: Any, timeout_s: float = 10.0) -> tuple[list[int], float] | None:
+    """The ranks waiting in the group's report barrier now and how long the first of them
+    has waited (seconds): read inside Ray's synchronization actor (``None``: a Ray whose
+    actor does not keep who waits)."""
+    actor = worker_group._worker_group_state.sync_actor
+    return ray.get(actor.__ray_call__.remote(_waiters), timeout=timeout_s)  # type: ignore[no-any-return]
+
+
+def _waiters(actor: Any) -> tuple[list[int], float] | None:
+    """Runs in the synchronization actor, off its event loop: copies (one step each under
+    the GIL) of the ranks in the barrier (Ray 2.60's ``_arrived_ranks``; Ray 2.59 keeps only
+    the arrival times of the ranks that wait) and of their arrival times (the loop's clock,
+    ``time.monotonic``)."""
+    import time as _time
+
+    counter, starts = getattr(actor, "_counter", None), getattr(actor, "_sync_start_times", None)
+    if not isinstance(counter, int) or not isinstance(starts, list):
+        return None
+    times, arrived = list(starts), getattr(actor, "_arrived_ranks", None)
+    if counter <= 0:
+        return [], 0.0
+    ranks = (sorted(arrived.copy()) if isinstance(arrived, set)
+             else [r for r, t in enumerate(times) if t is not None])
+    began = [times[r] for r in ranks if 0 <= r < len(times) and times[r] is not None]
+    return ranks, (_time.monotonic() - min(began)) if began else 0.0
 
 
 def _place_all(workers: Sequence[Any]) -> None:

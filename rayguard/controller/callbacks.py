@@ -26,6 +26,7 @@ from rayguard._ray.train import (
     unwrap_worker_error,
 )
 from rayguard.controller.fence import FenceView
+from rayguard.controller.replica_barrier import ReplicaBarrier
 from rayguard.controller.resize import InPlaceResizer
 from rayguard.events import make_event
 from rayguard.exceptions import PeersLostError, RayGuardError
@@ -99,6 +100,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._restarting = False
         """The last failure's recovery restarts the whole group: Ray's next size decision
         (its restart) is not made in place, whatever its size."""
+        self.replica_barrier = ReplicaBarrier(coordinator)  # after Ray's replica-group path
 
     @property
     def report_floor(self) -> int:
@@ -138,6 +140,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         if self.fence is not None or self.mode == LIVE:
             self._nodes = group_nodes(worker_group)
         self._setup_within_s = setup_within_s(self.live_wait_s, worker_start_s(worker_group))
+        self.replica_barrier.started(worker_group)
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
         """Runs in the controller after each poll: record every worker error once (a replica
@@ -182,6 +185,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         if counted:
             self._count(counted)
         self._plan = self._plan_recovery(worker_group_status) if self._failed else None
+        self.replica_barrier.poll(statuses, self._attempt)
 
     def _raised_unseen(self, worker_group_status: Any, grace_s: float = 0.0) -> set[int]:
         """Ranks whose function raised in this attempt but whose error this poll does not
@@ -287,9 +291,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
             ray.get(self.coordinator.record_node_failures.remote(failures, nodes_alive),
                     timeout=30)
         except Exception as exc:  # never fail the run for the quarantine's sake
-            import logging
-
-            logging.getLogger("rayguard").warning("rayguard: node failures not counted: %s", exc)
+            logger.warning("rayguard: node failures not counted: %s", exc)
 
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
         """Runs in the controller when a failure was handled: RETRY means a recovery, on the
@@ -309,6 +311,7 @@ class RayGuardCallback(WorkerGroupCallback, ControllerCallback):
         self._restarting = True
         ranks, attempt = list(plan.ranks), plan.attempt
         if plan.kind == REPLICA_GROUP:
+            self.replica_barrier.replaced(ranks)  # survivors late to Ray's reset: released
             detail = (f"rank(s) {ranks} replaced in attempt {attempt} (Ray's replica-group "
                       "restart); the other workers keep their processes")
         else:

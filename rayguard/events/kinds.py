@@ -21,6 +21,7 @@ RUN_KINDS = (
     "rejoined",  # rayguard.train.live: a rank joined a live recovery's process group
     "diverged",  # rayguard.health.finite: the loss diverged (HealthConfig(divergence=))
     "resize",  # rayguard.controller.resize: an elastic group resized (in place or restarted)
+    "report_released",  # rayguard.controller.replica_barrier: survivors left a report (torchft)
 )
 
 # A sweep's kinds (the health callback of rayguard.tune).

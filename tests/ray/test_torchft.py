@@ -1,7 +1,9 @@
 """RobustTrainer with Ray's ``TorchftConfig`` (2 CPU workers, gloo, Ray's own torchft example
 loop): a killed, then a failing, rank is replaced alone by Ray's replica-group restart, rank 0
-keeps its process, and the run finishes (before, the replacement waited in rayguard's
-set-up for peers that were already training, and the run hung)."""
+keeps its process, rank 0 late to the report where rank 1 was killed is released from it,
+and the run finishes (before, the replacement waited in rayguard's set-up for peers that
+were already training, and the run hung). The release's decision is proven in
+tests/unit/health/test_replica_barrier.py."""
 
 from __future__ import annotations
 
@@ -18,26 +20,37 @@ STEPS = 30
 
 
 def pid_loop(config):
-    """Ray's torchft example loop, after leaving this worker's rank and PID in a file. One
-    change: the torchft ``Manager``'s quorum timeout, 60 s by default, is 240 s. In one full
-    run on this loaded 2-core machine the second replacement of rank 1 waited over 70 s for
-    its quorum and failed with torchft's ``TimeoutError`` (a third failure, beyond
-    ``max_failures=2``): the machine's load, not rayguard's recovery."""
-    from datetime import timedelta
+    """Ray's torchft example loop, unchanged, after leaving this worker's rank and PID in a
+    file. Rank 0 makes its first report (step 10, where rank 1 is killed) only once rank 1's
+    replacement has started: after Ray's reset of the report barrier at the replacement, so
+    that it waits there for a peer that meets it in torchft's quorum first (before,
+    depending on timing, the run waited until torchft's quorum timeout failed the
+    replacement; in two full runs it then failed past ``max_failures``)."""
+    import time
 
     import ray.train
     from ray.train.v2.examples.pytorch import torchft_linear_example as example
 
-    manager = example.Manager
-
-    def slack_manager(*args, **kwargs):
-        return manager(*args, **{**kwargs, "quorum_timeout": timedelta(seconds=240)})
-
-    example.Manager = slack_manager
     rank = ray.train.get_context().get_world_rank()
     with open(config["pids"], "a") as f:
         f.write(f"{rank} {os.getpid()}\n")
+    if rank == 0:
+        report = ray.train.report
+
+        def late_first_report(*args, **kwargs):
+            ray.train.report = report
+            deadline = time.monotonic() + 120
+            while len(_pids(_started(config["pids"]), 1)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return report(*args, **kwargs)
+
+        ray.train.report = late_first_report
     return example.train_func(config)
+
+
+def _started(path):
+    with open(path) as f:
+        return [tuple(int(v) for v in line.split()) for line in f if line.strip()]
 
 
 def _fit(tmp_path, name, *, faults=None, error_step=None):
@@ -56,9 +69,7 @@ def _fit(tmp_path, name, *, faults=None, error_step=None):
                              failure_config=FailureConfig(max_failures=2)),
         guard_config=rayguard.GuardConfig(numa="off", faults=faults))
     result = trainer.fit()
-    with open(pids) as f:
-        started = [tuple(int(v) for v in line.split()) for line in f if line.strip()]
-    return result, started, read_events(result.path)
+    return result, _started(pids), read_events(result.path)
 
 
 def _pids(started, rank):
@@ -85,6 +96,9 @@ def test_rank1_killed_then_failing_is_replaced_alone_twice_rank0_keeps_its_proce
     assert "injected kill" in died[0]["detail"], died[0]
     # the replacement's own exception, not the kill its predecessor's mark recorded
     assert "Simulated replica failure" in died[1]["detail"], died[1]
+    # rank 0, late to the report Ray's replacement reset, was released from it
+    released = [e for e in events if e["kind"] == "report_released"]
+    assert released and (released[0]["ranks"], released[0]["replaced"]) == ([0], [1]), released
     restarts = [e for e in events if e["kind"] == "restart"]
     assert [(e["path"], e["ranks"]) for e in restarts] == [("replica_group", [1])] * 2, restarts
     assert kinds.count("attempt_started") == 1  # no worker-group restart
