@@ -7,6 +7,7 @@ where rank 1 was killed) in tests/ray/test_torchft.py."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -82,9 +83,12 @@ def test_the_barrier_read_names_the_waiting_rank_and_a_reset_releases_it() -> No
     actor = SynchronizationActor.__ray_actor_class__()
 
     async def scenario() -> tuple[Any, Any, Any]:
+        # Ray 2.60 also takes the collective's sequence number (2.59 does not)
+        accepts = inspect.signature(actor.broadcast_from_rank_zero).parameters
+        extra = {"collective_seq": 1, "relaxable": True} if "collective_seq" in accepts else {}
         waiting = asyncio.ensure_future(actor.broadcast_from_rank_zero(
             world_rank=0, world_size=2, data="dir", caller_method_name="ray.train.report",
-            collective_seq=1, relaxable=True))
+            **extra))
         await asyncio.sleep(0.05)
         seen = ray_resize._waiters(actor)
         await actor.reset()
