@@ -154,6 +154,8 @@ class RayMetrics:
     def apply(self, updates: list[Update]) -> None:
         for update in updates:
             spec = SPECS[update.name]
+            if spec.type == "counter" and update.value <= 0:
+                continue  # nothing to add (an empty checkpoint's bytes): Ray refuses 0
             metric = self._metric(spec)
             tags = {"run": self.run, **dict(update.tags)}
             if spec.type == "counter":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rayguard.observe.causes import failure_cause
-from rayguard.observe.metrics import SPECS, event_updates, summary_updates
+from rayguard.observe.metrics import SPECS, RayMetrics, event_updates, summary_updates
 from rayguard.observe.observer import RunObserver
 
 RAY_DEATH = ("rank 1 failed: ActorDiedError: The actor died unexpectedly before finishing this "
@@ -141,3 +141,28 @@ def test_a_restart_after_a_diagnosed_hang_names_its_culprits():
     plain = _ev("restart", attempt=1)
     obs.annotate(plain)
     assert "culprits" not in plain  # attempt 1 had no diagnosis
+
+
+def test_a_checkpoint_of_no_bytes_adds_nothing_and_the_rest_of_its_updates_still_apply():
+    """Ray's counters refuse an increment of 0 (ValueError): a checkpoint directory with no
+    files (Ray's torchft example reports one) printed "could not update metrics" on the
+    console at every checkpoint and lost its ``checkpoint_seconds``."""
+    applied = []
+
+    class Metric:
+        def __init__(self, name):
+            self.name = name
+
+        def inc(self, value, tags):
+            if value <= 0:
+                raise ValueError(f"value must be >0, got {value}")
+            applied.append((self.name, value))
+
+        def observe(self, value, tags):
+            applied.append((self.name, value))
+
+    metrics = RayMetrics("run")
+    metrics._metric = lambda spec: Metric(spec.name)
+    metrics.apply(event_updates(_ev("checkpoint_committed", bytes=0, seconds=0.5)))
+    assert [name.split("_", 1)[1] for name, _ in applied] == [
+        "checkpoints_committed", "checkpoint_seconds", "checkpoint_seconds"]
