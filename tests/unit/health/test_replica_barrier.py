@@ -82,7 +82,7 @@ def test_the_event_kind_is_known_and_kept_off_the_console() -> None:
 def test_the_barrier_read_names_the_waiting_rank_and_a_reset_releases_it() -> None:
     actor = SynchronizationActor.__ray_actor_class__()
 
-    async def scenario() -> tuple[Any, Any, Any]:
+    async def scenario() -> tuple[Any, Any]:
         # Ray 2.60 also takes the collective's sequence number (2.59 does not)
         accepts = inspect.signature(actor.broadcast_from_rank_zero).parameters
         extra = {"collective_seq": 1, "relaxable": True} if "collective_seq" in accepts else {}
@@ -94,9 +94,9 @@ def test_the_barrier_read_names_the_waiting_rank_and_a_reset_releases_it() -> No
         await actor.reset()
         with pytest.raises(Exception, match="reset"):
             await waiting
-        return seen, ray_resize._waiters(actor), waiting
+        return seen, ray_resize._waiters(actor)
 
-    seen, after, _ = asyncio.run(scenario())
+    seen, after = asyncio.run(scenario())
     assert seen[0] == [0] and 0.0 < seen[1] < 10.0
     assert after == ([], 0.0)
 
@@ -126,18 +126,16 @@ def status(running: bool = True, report: Any = None) -> Any:
 @pytest.fixture
 def barrier(monkeypatch: pytest.MonkeyPatch) -> tuple[ReplicaBarrier, list[Any], Clock]:
     calls: list[Any] = []
-    waiting: dict[str, Any] = {"read": ([0], 6.0)}
 
     def read(group: Any) -> Any:
         calls.append("read")
-        return waiting["read"]
+        return [0], 6.0
 
     monkeypatch.setattr(ray_resize, "barrier_waiters", read)
     monkeypatch.setattr(ray_resize, "reset_barrier", lambda group: calls.append("reset"))
     w, clock = watch()
     b = ReplicaBarrier(Coordinator(), w)
     b.started(object())
-    b.waiting = waiting  # type: ignore[attr-defined]
     return b, calls, clock
 
 
